@@ -589,7 +589,7 @@ def validate_input(data) -> None:
     if lengths["problem_sizes"] == 0:
         raise ValueError("no groups: the group lists are empty")
 
-    device = None
+    placed = []  # (group, name, device) of every tensor
     for g, (abc, sfr, size) in enumerate(zip(abc_tensors, sfasfb_reordered_tensors, problem_sizes)):
         if len(size) != 4 or not all(isinstance(x, int) for x in size):
             raise ValueError(f"group {g}: problem size {size!r} is not four ints (M, N, K, L)")
@@ -629,12 +629,15 @@ def validate_input(data) -> None:
                                  f"{strides} (the leaderboard's layout)")
             if tensor.data_ptr() % PTR_ALIGN_BYTES:
                 raise ValueError(f"group {g}: {name} is not {PTR_ALIGN_BYTES}-byte aligned")
-            if tensor.device.type != "cuda":
-                raise ValueError(f"group {g}: {name} is on {tensor.device}, expected a CUDA device")
-            if device is None:
-                device = tensor.device
-            elif tensor.device != device:
-                raise ValueError(f"group {g}: {name} is on {tensor.device}, other tensors on {device}")
+            placed.append((g, name, tensor.device))
+
+    # Devices last, so that the checks above can be exercised on a CPU.
+    device = placed[0][2]
+    for g, name, where in placed:
+        if where.type != "cuda":
+            raise ValueError(f"group {g}: {name} is on {where}, expected a CUDA device")
+        if where != device:
+            raise ValueError(f"group {g}: {name} is on {where}, other tensors on {device}")
 
 
 # =============================================================================
