@@ -256,6 +256,14 @@ def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_n
 
 
 def run_single_profile(args: dict) -> str:
+    """The torch profiler's table for one call, or the error that stopped it."""
+    try:
+        return _profile_table(args)
+    except Exception as error:
+        return f"profiling failed: {describe_error(error)}"
+
+
+def _profile_table(args: dict) -> str:
     import torch
     from torch.profiler import ProfilerActivity, profile
     from reference import generate_input
@@ -628,7 +636,7 @@ def command_run(options) -> int:
         path = submission.code_path(torch.device("cuda"))
     if options.shape:
         custom = [TestCase(args=parse_test_line(options.shape), spec=options.shape)]
-        test_cases, bench_cases = custom, (custom if have_gpu else [])
+        test_cases, bench_cases = custom, custom
     else:
         test_cases = selected_cases(TESTS_FILE, options) if options.command in ("all", "tests") else []
         bench_cases = (selected_cases(BENCHMARKS_FILE, options)

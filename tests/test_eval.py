@@ -1,0 +1,141 @@
+"""eval.py: the leaderboard protocol (keys, exit codes) and the people's CLI."""
+import base64
+import os
+import subprocess
+import sys
+
+import pytest
+
+import eval as evaluation
+from conftest import HAS_CUDA, ROOT
+
+SMALL_CASE = "m: [40, 129]; n: [128, 256]; k: [256, 512]; g: 2; seed: 7"
+
+
+def run_protocol(*args, test_file_text=None, tmp_path=None, env_extra=None, with_fd=True):
+    """Run `eval.py ARGS` with POPCORN_FD on a pipe; (exit code, {key: value}, lines)."""
+    argv = list(args)
+    if test_file_text is not None:
+        path = tmp_path / "cases.txt"
+        path.write_text(test_file_text)
+        argv.append(str(path))
+    env = dict(os.environ, **(env_extra or {}))
+    env.pop("POPCORN_FD", None)
+    read_fd, write_fd = os.pipe()
+    if with_fd:
+        env["POPCORN_FD"] = str(write_fd)
+    done = subprocess.run([sys.executable, "eval.py", *argv], cwd=ROOT, env=env,
+                          pass_fds=(write_fd,), capture_output=True, text=True, timeout=1800)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        lines = pipe.read().splitlines()
+    keys = dict(line.split(": ", 1) for line in lines)
+    return done.returncode, keys, lines
+
+
+def test_without_popcorn_fd_exits_111(tmp_path):
+    code, keys, _ = run_protocol("test", test_file_text=SMALL_CASE, tmp_path=tmp_path, with_fd=False)
+    assert code == 111 and keys == {}
+
+
+def test_missing_test_file_argument_exits_2():
+    code, _, _ = run_protocol("test")
+    assert code == 2
+
+
+def test_unreadable_test_file_exits_113(tmp_path):
+    code, keys, _ = run_protocol("test", str(tmp_path / "absent.txt"))
+    assert code == 113 and keys == {}
+
+
+@pytest.mark.parametrize("text", ["m: [1, 2; n: 3", "m = 3", "m: 3;; n: 4", "m: 3\n\nn: 4"])
+def test_malformed_test_file_exits_113(text, tmp_path):
+    code, keys, _ = run_protocol("benchmark", test_file_text=text, tmp_path=tmp_path)
+    assert code == 113 and keys == {}
+
+
+def test_test_mode_keys_and_exit_code(tmp_path):
+    code, keys, lines = run_protocol("test", test_file_text=SMALL_CASE, tmp_path=tmp_path)
+    assert lines[0] == "test-count: 1"
+    assert keys["test.0.spec"] == SMALL_CASE
+    assert lines[-1] in ("check: pass", "check: fail")
+    if HAS_CUDA:
+        assert (code, keys["test.0.status"], keys["check"]) == (0, "pass", "pass")
+    else:  # the failure path: the kernel needs CUDA tensors
+        assert (code, keys["test.0.status"], keys["check"]) == (112, "fail", "fail")
+        assert "expected a CUDA device" in keys["test.0.error"]
+
+
+def test_benchmark_mode_keys_and_exit_code(tmp_path):
+    code, keys, lines = run_protocol("benchmark", test_file_text=SMALL_CASE, tmp_path=tmp_path)
+    assert lines[0] == "benchmark-count: 1"
+    assert keys["benchmark.0.spec"] == SMALL_CASE
+    if HAS_CUDA:
+        assert code == 0 and keys["check"] == "pass"
+        stats = {f: float(keys[f"benchmark.0.{f}"]) for f in ("runs", "mean", "std", "err", "best", "worst")}
+        assert stats["runs"] >= 3 and 0 < stats["best"] <= stats["mean"] <= stats["worst"]
+    else:
+        assert code == 112 and keys["check"] == "fail" and keys["benchmark.0.status"] == "fail"
+        assert keys["benchmark.0.error"]
+
+
+def test_profile_mode_reports_base64(tmp_path):
+    code, keys, _ = run_protocol("profile", test_file_text=SMALL_CASE, tmp_path=tmp_path)
+    assert code == 0 and keys["check"] == "pass"
+    report = base64.b64decode(keys["benchmark.0.report"], b"+*").decode()
+    assert report.strip()
+
+
+# ---- parsing, seeds, statistics, speed of light --------------------------------
+def test_parse_test_line_values():
+    case = evaluation.parse_test_line("m: [1, 2]; n: (3, 4); g: 2; seed: -5; name: fast; e: []")
+    assert case == {"m": (1, 2), "n": (3, 4), "g": 2, "seed": -5, "name": "fast", "e": ()}
+
+
+def test_popcorn_seed_is_mixed_into_every_seed(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("m: [1]; seed: 10\nm: [2]; seed: 11\nm: [3]")
+    plain = evaluation.read_test_file(path)
+    mixed = evaluation.read_test_file(path, seed=1000)
+    assert [c.args.get("seed") for c in plain] == [10, 11, None]
+    assert [c.args.get("seed") for c in mixed] == [
+        10 + (1010 * 1011) // 2, 11 + (1011 * 1012) // 2, None]
+
+
+def test_stats():
+    s = evaluation.calculate_stats([1.0, 2.0, 3.0, 6.0])
+    assert (s.runs, s.mean, s.best, s.worst) == (4, 3.0, 1.0, 6.0)
+    assert s.std == pytest.approx(2.160246899) and s.err == pytest.approx(s.std / 2)
+
+
+@pytest.mark.parametrize("index,sol_us", [(0, 18.833), (1, 10.667), (2, 2.406), (3, 1.525)])
+def test_speed_of_light_reproduces_the_problem_statement(index, sol_us):
+    from conftest import BENCHMARK_CASES
+    sizes = evaluation.problem_sizes_of(BENCHMARK_CASES[index].args)
+    assert evaluation.b200_speed_of_light_ns(sizes) / 1e3 == pytest.approx(sol_us, rel=5e-4)
+
+
+def test_benchmark_inputs_use_the_leaderboards_seeds(monkeypatch):
+    seen = []
+    import reference
+    monkeypatch.setattr(reference, "generate_input", lambda **kw: seen.append(kw["seed"]))
+    evaluation.benchmark_inputs({"m": (1,), "n": (128,), "k": (256,), "g": 1, "seed": 1111})
+    assert seen == [1111 + 42 * i for i in range(1, 16)]
+
+
+# ---- the people's CLI ------------------------------------------------------------
+@pytest.mark.skipif(HAS_CUDA, reason="checks what a CPU-only machine reports")
+def test_cli_on_a_cpu_says_so_compiles_and_self_checks():
+    done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "--shape", SMALL_CASE],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert out.splitlines()[0].startswith("No CUDA GPU here: the B200 kernel cannot run.")
+    assert "1 compiled, 0 failed" in out
+    assert "(1/1 agree)" in out and "Benchmarks skipped: timing needs a CUDA GPU." in out
+
+
+def test_cli_rejects_an_unknown_case_number():
+    done = subprocess.run([sys.executable, "eval.py", "tests", "--case", "99"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "has cases 0..9" in done.stderr
