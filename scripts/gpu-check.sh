@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Everything this project checks on a CUDA machine, in one go (for a lent GPU:
+# one call, logs under $OUT). Usage, from the repository root:
+#   bash scripts/gpu-check.sh            # OUT defaults to ./gpu-check-out
+# If .cutedsl/cutedsl-*.tar.xz is present (../shared/tools/pack-cutedsl), it is
+# unpacked first for machines without nvidia-cutlass-dsl and without a package index.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+for archive in .cutedsl/cutedsl-*.tar.xz; do
+  [ -f "$archive" ] || continue
+  mkdir -p /tmp/cutedsl && tar -C /tmp/cutedsl -xJf "$archive"
+  export PYTHONPATH=/tmp/cutedsl/nvidia_cutlass_dsl/python_packages:/tmp/cutedsl/nvidia_cutlass_dsl/dsl_packages:/tmp/cutedsl:${PYTHONPATH:-}
+done
+[ -d .lbref ] && export LEADERBOARD_REFERENCE_DIR=$PWD/.lbref
+status=0
+step() { echo; echo "=== $*"; "$@" || { echo "=== FAILED ($?): $*"; status=1; }; }
+step nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv
+step python3 -c "import torch, cutlass; print('torch', torch.__version__, 'cutlass-dsl', cutlass.__version__)"
+step python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
+step python3 eval.py 2>&1 | tee "$OUT/eval.log"
+for mode in test benchmark; do
+  file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt
+  POPCORN_FD=3 python3 eval.py $mode $file 3>"$OUT/popcorn-$mode.txt"
+  echo "=== protocol $mode: exit $?"; cat "$OUT/popcorn-$mode.txt"
+done
+exit $status

@@ -1,0 +1,93 @@
+"""On a CUDA GPU: custom_kernel against the reference, and generate_input's determinism.
+B200-only tests run the tcgen05 kernel; everything here skips without CUDA."""
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+import submission
+from conftest import BENCHMARK_CASES, IS_B200, TEST_CASES, needs_b200, needs_cuda
+from reference import check_implementation, generate_input
+
+pytestmark = needs_cuda
+
+
+def _bytes(t):
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _all_tensors(data):
+    abc, sf, sf_r, _ = data
+    return [t for group in abc + sf + sf_r for t in group]
+
+
+def run_and_check(data):
+    inputs_before = [_bytes(t).clone() for t in _all_tensors(data)
+                     if not any(t is c for _, _, c in data[0])]
+    for _, _, c in data[0]:
+        c.fill_(float("nan"))  # every element must be written
+    output = submission.custom_kernel(data)
+    torch.cuda.synchronize()
+    assert [o.data_ptr() for o in output] == [c.data_ptr() for _, _, c in data[0]]
+    inputs_after = [_bytes(t) for t in _all_tensors(data) if not any(t is c for _, _, c in data[0])]
+    assert all(torch.equal(x, y) for x, y in zip(inputs_before, inputs_after))  # inputs untouched
+    ok, message = check_implementation(data, output)
+    assert ok, message
+
+
+@pytest.mark.parametrize("case", TEST_CASES, ids=lambda c: c.spec)
+def test_custom_kernel_matches_reference_on_every_test_shape(case):
+    run_and_check(generate_input(**case.args))
+
+
+@pytest.mark.parametrize("ms", [(1,), (33, 129), (1, 33, 129, 300, 7)])
+def test_custom_kernel_outside_the_task_shapes(ms):
+    g = len(ms)
+    run_and_check(generate_input(ms, tuple(128 * (i % 3 + 1) for i in range(g)),
+                                 tuple(256 * (i % 2 + 1) for i in range(g)), g, seed=99))
+
+
+def test_code_path_label():
+    expected = submission.PATH_B200 if IS_B200 else submission.PATH_PORTABLE
+    assert submission.code_path(torch.device("cuda")) == expected
+
+
+def test_generate_input_is_deterministic_on_cuda():
+    case = TEST_CASES[8].args
+    first, again = generate_input(**case), generate_input(**case)
+    assert first[0][0][0].is_cuda
+    assert all(torch.equal(_bytes(x), _bytes(y)) for x, y in zip(_all_tensors(first), _all_tensors(again)))
+    other = generate_input(**dict(case, seed=case["seed"] + 1))
+    assert not torch.equal(_bytes(first[0][0][0]), _bytes(other[0][0][0]))
+
+
+LEADERBOARD_DIR = os.environ.get("LEADERBOARD_REFERENCE_DIR")
+
+
+@pytest.mark.skipif(not LEADERBOARD_DIR, reason="set LEADERBOARD_REFERENCE_DIR to a copy of the "
+                    "leaderboard's reference.py and utils.py to compare bit for bit")
+@pytest.mark.parametrize("case", TEST_CASES + BENCHMARK_CASES, ids=lambda c: c.spec)
+def test_generate_input_is_the_leaderboards_bit_for_bit(case):
+    sys.path.insert(0, LEADERBOARD_DIR)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "leaderboard_reference", os.path.join(LEADERBOARD_DIR, "reference.py"))
+        theirs_module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(theirs_module)
+    finally:
+        sys.path.remove(LEADERBOARD_DIR)
+    ours = generate_input(**case.args)
+    theirs = theirs_module.generate_input(**case.args)
+    assert ours[3] == theirs[3]
+    for x, y in zip(_all_tensors(ours), _all_tensors(theirs)):
+        assert x.shape == y.shape and x.stride() == y.stride() and x.dtype == y.dtype
+        assert x.device == y.device
+        assert torch.equal(_bytes(x), _bytes(y))
+
+
+@needs_b200
+@pytest.mark.parametrize("case", BENCHMARK_CASES, ids=lambda c: c.spec)
+def test_b200_kernel_on_benchmark_shapes(case):
+    run_and_check(generate_input(**case.args))
