@@ -404,6 +404,11 @@ def find_ptxas() -> Optional[str]:
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
+class PtxasTooOld(RuntimeError):
+    """The PTX is newer than the ptxas at hand (the DSL's CUDA 13 builds emit newer PTX)."""
+
+
+PTXAS_TOO_OLD = re.compile(r"Unsupported \.version (\S+); current version is '([^']+)'")
 PTXAS_USED = re.compile(r"Used (\d+) registers")
 PTXAS_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
@@ -418,6 +423,10 @@ def ptxas_report(ptx: str, arch: str, ptxas: str) -> dict:
         done = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
                               capture_output=True, text=True)
     if done.returncode != 0:
+        too_old = PTXAS_TOO_OLD.search(done.stderr)
+        if too_old:
+            raise PtxasTooOld(f"{ptxas} reads PTX up to {too_old[2]}, this PTX is {too_old[1]}: "
+                              "point PTXAS at a ptxas from a newer CUDA")
         raise RuntimeError(f"ptxas failed: {done.stderr.strip()[-2000:]}")
     text = done.stderr
     used = PTXAS_USED.search(text)
