@@ -444,8 +444,11 @@ def compile_all(shape_sets: list, arch: str) -> list:
 
     Must run in a process where cutlass is not yet imported or CUTE_DSL_ARCH
     was already `arch` when it was."""
+    import tempfile
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
+    # The DSL also writes what it keeps to a folder (the working directory by default).
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvfp4-compile-"))
     import cutlass
     import submission
     ptxas = find_ptxas()

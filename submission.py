@@ -424,28 +424,25 @@ class Sm100GroupedGemmKernel:
         tAgSFA = tAgSFA[(None, coord_x, None, 0)]
         tBgSFB = tBgSFB[(None, coord_y, None, 0)]
 
+        # (TMA atom, global source, shared-memory stages, this CTA's descriptor)
+        tma_loads = (
+            (tma_atom_a, tAgA, tAsA, tensormap_a_gmem_ptr),
+            (tma_atom_b, tBgB, tBsB, tensormap_b_gmem_ptr),
+            (tma_atom_sfa, tAgSFA, tAsSFA, tensormap_sfa_gmem_ptr),
+            (tma_atom_sfb, tBgSFB, tBsSFB, tensormap_sfb_gmem_ptr),
+        )
+
         # ---- Main loop (warp 0): load a K stage, then multiply it
         if warp_idx == 0:
             acc_empty = acc_producer.acquire_and_advance()
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
             for k_tile in range(k_tile_cnt):
                 ab_empty = ab_producer.acquire_and_advance()
-                cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, ab_empty.index)],
-                          tma_bar_ptr=ab_empty.barrier,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
-                              tensormap_a_gmem_ptr, cute.AddressSpace.generic))
-                cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, ab_empty.index)],
-                          tma_bar_ptr=ab_empty.barrier,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
-                              tensormap_b_gmem_ptr, cute.AddressSpace.generic))
-                cute.copy(tma_atom_sfa, tAgSFA[(None, k_tile)], tAsSFA[(None, ab_empty.index)],
-                          tma_bar_ptr=ab_empty.barrier,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
-                              tensormap_sfa_gmem_ptr, cute.AddressSpace.generic))
-                cute.copy(tma_atom_sfb, tBgSFB[(None, k_tile)], tBsSFB[(None, ab_empty.index)],
-                          tma_bar_ptr=ab_empty.barrier,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
-                              tensormap_sfb_gmem_ptr, cute.AddressSpace.generic))
+                for atom, tile_src, stage_dst, desc_ptr in tma_loads:
+                    cute.copy(atom, tile_src[(None, k_tile)], stage_dst[(None, ab_empty.index)],
+                              tma_bar_ptr=ab_empty.barrier,
+                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
+                                  desc_ptr, cute.AddressSpace.generic))
 
                 ab_full = ab_consumer.wait_and_advance()
                 s2t_stage_coord = (None, None, None, None, ab_full.index)

@@ -37,6 +37,7 @@ def test_every_task_shape_compiles_without_spills(install, tmp_path):
     report = tmp_path / "compile.json"
     done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "compile", "--json", str(report)],
                           cwd=ROOT, env=env_for(install), capture_output=True, text=True, timeout=1800)
+    assert not list(ROOT.glob("*.ptx")) and not list(ROOT.glob("*.cubin"))  # nothing left behind
     rows = json.loads(report.read_text()) if report.exists() else []
     if rows and all("PtxasTooOld" in r.get("error", "") for r in rows):
         pytest.skip(f"the PTX is newer than this machine's ptxas: {rows[0]['error']}")
@@ -70,7 +71,8 @@ print(json.dumps({
     "ptx_differs": c1.artifacts.PTX != c2.artifacts.PTX,
 }))
 """
-    done = run_python("import os; os.environ['CUTE_DSL_KEEP'] = 'ptx'\n" + code)
+    done = run_python("import os, tempfile; os.environ['CUTE_DSL_KEEP'] = 'ptx'; "
+                      "os.environ['CUTE_DSL_DUMP_DIR'] = tempfile.mkdtemp()\n" + code)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["distinct"] and result["cached"]
