@@ -18,7 +18,7 @@ status=0
 step() { echo; echo "=== $*"; "$@" || { echo "=== FAILED ($?): $*"; status=1; }; }
 step nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv
 step python3 -c "import torch, cutlass; print('torch', torch.__version__, 'cutlass-dsl', cutlass.__version__)"
-step python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
+step python3 -m pytest -q -rA -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 step python3 eval.py 2>&1 | tee "$OUT/eval.log"
 for mode in test benchmark; do
   file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt
