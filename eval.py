@@ -439,6 +439,15 @@ def ptxas_report(ptx: str, arch: str, ptxas: str) -> dict:
             "spill_load_bytes": int(spills[3])}
 
 
+def ptx_text(compiled) -> str:
+    """The PTX the DSL kept: its text, or (some releases and settings) the path
+    of the file it was dumped to."""
+    ptx = compiled.artifacts.PTX or ""
+    if ptx and not ptx.lstrip().startswith(("//", ".")) and os.path.isfile(ptx.strip()):
+        ptx = Path(ptx.strip()).read_text()
+    return ptx
+
+
 def compile_all(shape_sets: list, arch: str) -> list:
     """Compile the B200 kernel for each shape set; one result dict each.
 
@@ -461,7 +470,7 @@ def compile_all(shape_sets: list, arch: str) -> list:
             compiled, kernel = submission.compile_grouped_gemm(sizes)
             row["compile_s"] = round(time.perf_counter() - start, 3)
             row["dynamic_smem_bytes"] = kernel.smem_bytes
-            ptx = compiled.artifacts.PTX
+            ptx = ptx_text(compiled)
             if not ptx:
                 raise RuntimeError("the DSL kept no PTX (CUTE_DSL_KEEP must include ptx)")
             row["tcgen05_mma"] = "tcgen05.mma" in ptx

@@ -4,37 +4,75 @@ What it computes, for each group i of G (sizes M, N, K, L=1 read from `data`):
 
     C[m, n] = fp16( sum_k a(m, k) * sfa(m, k // 16) * b(n, k) * sfb(n, k // 16) )
 
-with a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 scale factors
-in the tcgen05 "blocked" layout (`sfasfb_reordered_tensors`), fp32
-accumulation and fp16 C written in place. The full contract is TASK.md.
+with a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 scale factors in
+the tcgen05 "blocked" layout (`sfasfb_reordered_tensors`), fp32 accumulation,
+and fp16 C written in place. The full contract is TASK.md.
 
-Input constraints (checked by `validate_input` before anything is launched;
-a violation raises ValueError naming the group): at least one group; the four
-lists of equal length; L == 1; M >= 1; N a multiple of 128; K a multiple of 256;
-dtypes, shapes and strides as the leaderboard makes them; every tensor on one
-CUDA device, 16-byte aligned.
+Input constraints (checked by `validate_input` before anything is launched; a
+violation raises ValueError naming the group): at least one group; the four
+lists of equal length; L == 1; M >= 1; N a multiple of 128; K a multiple of
+256; dtypes, shapes and strides as the leaderboard makes them; every tensor on
+one CUDA device, 16-byte aligned.
 
 Code paths (`code_path(device)` names the one a device gets):
-- "b200-tcgen05" on sm_100 (B200): the CuTe DSL kernel below. One CTA per
-  128x128 output tile, 128 threads. Warp 0 issues the TMA loads of A, B, SFA,
-  SFB (2 shared-memory stages), copies the scale factors to tensor memory and
-  issues the tcgen05 block-scaled MMAs; the accumulator (128x128 fp32) lives in
-  tensor memory; then all four warps read it back (one row per thread) and store
-  fp16 C with predicated 2-byte stores. Each CTA fills its own four TMA
-  descriptors (A, B, SFA, SFB) in a global workspace for its group. This is the
-  project's starting kernel kept as it was designed; it is not persistent and
-  not warp-specialized (see the issues for the redesign).
-  The problem sizes are compile-time constants of this kernel: one compile per
-  distinct tuple of problem sizes (`compile_grouped_gemm`).
+- "b200-tcgen05" on sm_100 (B200): the kernel below.
 - "portable-torch" on any other CUDA GPU: exact dequantization of A and B to
   bf16 (every E2M1 x E4M3 product has at most 6 significant bits) and a torch
   GEMM with fp32 accumulation, rounded to fp16 into C.
 
+The B200 kernel (`Sm100GroupedGemmKernel`)
+------------------------------------------
+It computes, per group, D' = A' B'^T with A' (M' x K), B' (N' x K), both
+K-major FP4 with their blocked scale factors, D' fp16. A tile configuration
+(`TileConfig`) fixes the CTA tile (M' x N' = MMA M x MMA N, K = 256 per stage)
+and whether A and B are swapped:
+- not swapped: A' = a, B' = b, D' = C (row-major), M' = M, N' = N;
+- swapped: A' = b, B' = a, D' = C^T (column-major view of C), M' = N, N' = M.
+  The weights' N becomes the MMA's M side (always a multiple of 128) and the
+  tokens' M the MMA's N side, so one tile spans up to MMA-N tokens and each
+  weight row is read once however small M is.
+A cost model (`model_time_us`, `choose_config`) picks the configuration per
+call from the problem sizes.
+
+Persistent, warp-specialized, one CTA per SM at most (1-CTA MMA, no cluster):
+  warps 0-3  epilogue: TMEM -> registers -> fp16 -> shared memory -> TMA store
+  warp 4     MMA: scale factors shared -> tensor memory, tcgen05.mma (one thread)
+  warp 5     TMA producer: A', B', SFA', SFB' tiles into shared-memory stages
+Pipelines (producer -> consumer, arrive counts):
+  ab   PipelineTmaUmma, `num_ab_stages` stages: TMA warp (1 arrive + transaction
+       bytes of one stage) -> MMA warp (1 arrive, tcgen05.commit)
+  acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits
+       twice in TMEM): MMA warp (1 arrive, tcgen05.commit) -> epilogue (4
+       arrives, one elected thread per epilogue warp)
+  c    PipelineTmaStore, `num_c_stages` shared-memory buffers, epilogue warps.
+Stages: as many A/B/SFA/SFB stages as fit in shared memory beside the C
+buffers, the barriers and the tensormaps (`_compute_stages`).
+TMEM: 512 columns per CTA: `num_acc_stages` x MMA-N fp32 accumulator columns,
+then the SFA and SFB columns of one K stage (copied per stage by the MMA warp).
+
+Tile scheduler (`locate_tile`): tiles of all groups are numbered
+group by group, M' tiles fastest; CTA c takes tiles c, c + grid, c + 2 grid, ...
+Each role walks the same sequence and maps a linear tile index to (group,
+m'-tile, n'-tile) on the device from the problem sizes in global memory,
+resuming its group search where the previous tile left it.
+
+Tensormaps: each CTA owns five 128-byte TMA descriptors (A', B', SFA', SFB',
+D') in a global workspace. The TMA warp (A', B', SFA', SFB') and epilogue warp
+0 (D') rewrite them in shared memory and publish them (fence.proxy.tensormap
+release, acquire before first use) only when the CTA moves to another group.
+
+Compile time vs run time: dtypes, tile configuration, stage counts and layouts
+are compile-time; problem sizes, pointers, the group count, the tile count and
+the grid size are run-time. One compile per tile configuration and
+architecture serves every shape set (`compile_grouped_gemm`).
+
 Standalone: imports only torch, cutlass and `task`, as the leaderboard copies
 only this file.
 """
+import dataclasses
+import math
 import os
-from typing import List, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -56,180 +94,380 @@ from task import input_t, output_t
 AB_DTYPE = cutlass.Float4E2M1FN
 SF_DTYPE = cutlass.Float8E4M3FN
 C_DTYPE = cutlass.Float16
+ACC_DTYPE = cutlass.Float32
 SF_VEC_SIZE = 16  # K elements per scale factor
+MMA_K_BLOCKS_PER_STAGE = 4  # a stage holds 4 MMA instructions' K (4 x 64 = 256)
+TMEM_COLUMNS = 512
+SMEM_CAPACITY = 232448  # sm_100: 227 KiB of shared memory per block
+SMEM_RESERVED = 1024  # barriers, TMEM address, alignment slack
+SM100_SM_COUNT = 148  # B200
 
-MMA_TILER_MNK = (128, 128, 256)  # CTA tile; K is one TMA stage
-MMA_INST_K = 64  # K of one tcgen05 MXF4/NVF4 MMA instruction
-THREADS_PER_CTA = 128  # 4 warps: warp 0 loads and multiplies, all 4 store C
-NUM_AB_STAGES = 2
-NUM_ACC_STAGES = 1
-NUM_TMEM_COLUMNS = 512  # power of two >= accumulator (128) + SFA + SFB columns
+EPILOGUE_WARPS = (0, 1, 2, 3)
+MMA_WARP = 4
+TMA_WARP = 5
+THREADS_PER_CTA = 32 * (len(EPILOGUE_WARPS) + 2)
+# Named barriers (0 is __syncthreads)
+EPILOGUE_BARRIER_ID = 1  # the epilogue warps among themselves
+TMEM_ALLOC_BARRIER_ID = 2  # epilogue warps + MMA warp: TMEM address published
+ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue warp
 
-NUM_TENSORMAPS = 4  # A, B, SFA, SFB
+
+def check_warp_roles() -> None:
+    """Fail on the host, before any compile, where the warp roles and the
+    barrier and pipeline arrive counts disagree (on a B200 that would hang)."""
+    warps = THREADS_PER_CTA // 32
+    assert THREADS_PER_CTA % 32 == 0
+    assert sorted((*EPILOGUE_WARPS, MMA_WARP, TMA_WARP)) == list(range(warps)), "each warp has one role"
+    # tcgen05.ld: warp w reads TMEM lanes 32 (w % 4) .. 32 (w % 4) + 31, so the
+    # epilogue must be four warps covering w % 4 = 0..3 to read all 128 rows.
+    assert sorted(w % 4 for w in EPILOGUE_WARPS) == [0, 1, 2, 3]
+    assert MMA_WARP > max(EPILOGUE_WARPS) and TMA_WARP > max(EPILOGUE_WARPS), \
+        "the kernel dispatches the epilogue as warp_idx < MMA_WARP"
+    assert ACC_CONSUMER_ARRIVES == len(EPILOGUE_WARPS)
+    assert len({0, EPILOGUE_BARRIER_ID, TMEM_ALLOC_BARRIER_ID}) == 3
+
+NUM_TENSORMAPS = 5  # A', B', SFA', SFB', D'
 BYTES_PER_TENSORMAP = 128
 TENSORMAP_I64_PER_CTA = NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8
-
+# Rows of the pointer table: A', B', D' (abc) and SFA', SFB' (sf)
 PTR_ALIGN_BYTES = 16  # TMA needs 16-byte aligned global addresses
-N_MULTIPLE = MMA_TILER_MNK[1]
-K_MULTIPLE = MMA_TILER_MNK[2]
+N_MULTIPLE = 128
+K_MULTIPLE = 256
 
 PATH_B200 = "b200-tcgen05"
 PATH_PORTABLE = "portable-torch"
-B200_ARCH = "sm_100a"
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """A compile-time tile configuration of the B200 kernel."""
+    name: str
+    mma_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
+    mma_n: int  # CTA tile along N' (128 or 256)
+    swap_ab: bool  # A' = b, B' = a, D' = C^T
+
+    @property
+    def tile_mnk(self) -> Tuple[int, int, int]:
+        return (self.mma_m, self.mma_n, 64 * MMA_K_BLOCKS_PER_STAGE)
+
+
+TILE_CONFIGS = {
+    "128x128": TileConfig("128x128", 128, 128, swap_ab=False),
+    "swap-128x256": TileConfig("swap-128x256", 128, 256, swap_ab=True),
+}
 
 
 def ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def acc_stages(config: TileConfig) -> int:
+    """Accumulator buffers in TMEM: two (epilogue of one tile overlaps the
+    mainloop of the next) unless two MMA-N-wide fp32 accumulators and the
+    scale factors exceed the 512 columns (MMA N = 256)."""
+    return 2 if config.mma_n <= 128 else 1
+
+
+def kernel_problem(size, config: TileConfig) -> Tuple[int, int, int, int]:
+    """(M', N', K, L) of one group as the kernel sees it."""
+    m, n, k, l = size
+    return (n, m, k, l) if config.swap_ab else (m, n, k, l)
+
+
+def tile_count(problem_sizes, config: TileConfig) -> int:
+    return sum(ceil_div(mp, config.mma_m) * ceil_div(np_, config.mma_n)
+               for mp, np_, _, _ in (kernel_problem(s, config) for s in problem_sizes))
+
+
+# =============================================================================
+# Cost model: which configuration for which problem sizes
+# =============================================================================
+# Assumptions (B200 at the problem statement's 1.5 GHz; all are model inputs,
+# none was measured by this project):
+MODEL_DRAM_BYTES_PER_S = 7.68e12  # reproduces the statement's four speeds of light
+MODEL_FP4_FLOPS_PER_SM = 32768 * 1.5e9  # dense FP4 per SM per second
+MODEL_LATENCY_S = 1.0e-6  # DRAM round trip seen by a TMA load
+MODEL_TILE_OVERHEAD_S = 0.15e-6  # per tile: scheduling, barriers, descriptor swaps
+MODEL_TAIL_S = 0.5e-6  # last tile's epilogue, not overlapped with any mainloop
+MODEL_LAUNCH_S = 2.0e-6  # kernel launch and grid start-up
+# Operands re-read by several tiles are assumed to hit in L2: DRAM traffic is
+# each input once and C once.
+
+
+@dataclasses.dataclass
+class ModelEstimate:
+    config: str
+    tiles: int
+    ctas: int
+    time_us: float
+    dram_us: float  # unique bytes at full DRAM bandwidth
+    busiest_cta_us: float  # streaming time of the CTA with the most work
+
+
+def _stage_bytes(config: TileConfig) -> int:
+    m, n, k = config.tile_mnk
+    return (m + n) * k // 2 + (m + n) * k // SF_VEC_SIZE
+
+
+def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT) -> ModelEstimate:
+    """Modeled B200 time of one launch with `config` (see the assumptions above).
+
+    Static round-robin of tiles over min(tiles, SMs) CTAs. A CTA streams its
+    tiles' K stages at min(stages in flight / latency, fair share of DRAM) and
+    is bounded below by its FP4 math; the launch takes the larger of its
+    busiest CTA and the DRAM time of the unique bytes, plus fixed costs."""
+    tiles = []
+    unique_bytes = 0
+    for size in problem_sizes:
+        mp, np_, k, _ = kernel_problem(size, config)
+        unique_bytes += (mp + np_) * k // 2 + (mp + np_) * k // SF_VEC_SIZE + 2 * mp * np_
+        k_stages = ceil_div(k, config.tile_mnk[2])
+        tiles += [k_stages] * (ceil_div(mp, config.mma_m) * ceil_div(np_, config.mma_n))
+    ctas = min(len(tiles), num_sms)
+    stages_in_flight = _compute_stages_for_model(config)
+    per_cta_bw = min(stages_in_flight * _stage_bytes(config) / MODEL_LATENCY_S,
+                     MODEL_DRAM_BYTES_PER_S / ctas)
+    stage_flops = 2 * config.mma_m * config.mma_n * config.tile_mnk[2]
+    stage_s = max(_stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
+    work = [0.0] * ctas
+    for i, k_stages in enumerate(tiles):
+        work[i % ctas] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
+    busiest = max(work) + MODEL_LATENCY_S + MODEL_TAIL_S
+    dram = unique_bytes / MODEL_DRAM_BYTES_PER_S
+    return ModelEstimate(config.name, len(tiles), ctas, 1e6 * (max(busiest, dram) + MODEL_LAUNCH_S),
+                         1e6 * dram, 1e6 * busiest)
+
+
+def choose_config(problem_sizes) -> TileConfig:
+    """The configuration with the smallest modeled time (ties: the first listed)."""
+    return min(TILE_CONFIGS.values(), key=lambda c: model_time_us(problem_sizes, c).time_us)
+
+
+def _compute_stages_for_model(config: TileConfig) -> int:
+    """A/B/SFA/SFB stages the kernel will have, from byte counts alone (the
+    kernel computes the same from its layouts; a test checks they agree)."""
+    c_bytes = _epilogue_buffer_bytes(config)
+    tensormap_bytes = NUM_TENSORMAPS * BYTES_PER_TENSORMAP
+    return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // _stage_bytes_padded(config)
+
+
+def _stage_bytes_padded(config: TileConfig) -> int:
+    # Scale-factor stages are padded to whole 128-row blocks along each side.
+    m, n, k = config.tile_mnk
+    sf = (ceil_div(m, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
+    return (m + n) * k // 2 + sf
+
+
+NUM_C_STAGES = 2
+EPI_TILE_BYTES = 128 * 32 * 2  # epilogue subtile: 128 rows x 32 columns of fp16
+
+
+def _epilogue_buffer_bytes(config: TileConfig) -> int:
+    return NUM_C_STAGES * EPI_TILE_BYTES
+
+
+# =============================================================================
+# Tile scheduler
+# =============================================================================
+def _tiles_along(extent, tile: int):
+    return (extent + tile - 1) // tile
+
+
+@cute.jit
+def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
+                tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
+    """The static persistent tile scheduler's mapping.
+
+    Tiles of all groups are numbered group by group, M' tiles fastest; a CTA
+    takes tiles bidz, bidz + grid, ... . Given linear index `tile`, return
+    (group, group_first_tile, m'-tile, n'-tile), where `group_first_tile` is
+    the first linear index of `group`. The search starts from the (group,
+    group_first_tile) of this CTA's previous tile, since a CTA's tiles only
+    move forward; `problem_sizes` is the run-time (G, 4) table M', N', K, L."""
+    tiles_m = _tiles_along(problem_sizes[group, 0], tile_m)
+    group_end = group_first_tile + tiles_m * _tiles_along(problem_sizes[group, 1], tile_n)
+    while tile >= group_end:
+        group_first_tile = group_end
+        group = group + 1
+        tiles_m = _tiles_along(problem_sizes[group, 0], tile_m)
+        group_end = group_first_tile + tiles_m * _tiles_along(problem_sizes[group, 1], tile_n)
+    index_in_group = tile - group_first_tile
+    return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
+
+
 # =============================================================================
 # The B200 kernel
 # =============================================================================
+class SmemLayouts(NamedTuple):
+    """Shared-memory layouts of one configuration, as the device code receives them."""
+    a: object  # (MMA, MMA_M, MMA_K, STAGE), swizzled
+    b: object  # (MMA, MMA_N, MMA_K, STAGE), swizzled
+    sfa: object  # (MMA, MMA_M, MMA_K, STAGE)
+    sfb: object  # (MMA, MMA_N, MMA_K, STAGE)
+    c: object  # (EPI_TILE_M, EPI_TILE_N, C_STAGE), swizzled
+    epi_tile: object
+
+
 class Sm100GroupedGemmKernel:
-    """Non-persistent grouped block-scaled GEMM, one 128x128 tile per CTA.
+    """Persistent warp-specialized grouped NVFP4 GEMM; see the module docstring
+    for roles, pipelines, stages, TMEM and the scheduler."""
 
-    Roles: warp 0 is the TMA producer and the MMA issuer (one elected thread);
-    warps 0-3 are the epilogue.
-    Pipelines:
-    - ab (PipelineTmaUmma), NUM_AB_STAGES stages: producer warp 0's TMA
-      (transaction bytes = one stage of A+B+SFA+SFB), consumer the MMA issuer
-      (1 arrive).
-    - acc (PipelineUmmaAsync), 1 stage: producer the MMA issuer (1 arrive),
-      consumer the 128 epilogue threads.
-    The problem sizes (a list of (M, N, K, L)) are compile-time; the grid is one
-    CTA per 128x128 tile over all groups, in group order, M-tiles fastest.
-    """
-
-    def __init__(self, problem_sizes: Tuple[Tuple[int, int, int, int], ...]):
-        self.problem_sizes = tuple(tuple(int(x) for x in p) for p in problem_sizes)
-        self.num_groups = len(self.problem_sizes)
-        # CTA tiles per group: (M tiles, N tiles)
-        self.cta_mn_list = [
-            (ceil_div(m, MMA_TILER_MNK[0]), ceil_div(n, MMA_TILER_MNK[1]))
-            for m, n, _, _ in self.problem_sizes
-        ]
-        self.num_ctas = sum(tm * tn for tm, tn in self.cta_mn_list)
-        self.smem_bytes = None  # known once traced (size of SharedStorage)
+    def __init__(self, config: TileConfig):
+        check_warp_roles()
+        self.config = config
+        self.tile_mnk = config.tile_mnk
+        # D' is C (row-major, N' contiguous) or C^T (column-major, M' contiguous).
+        self.c_layout = utils.LayoutEnum.COL_MAJOR if config.swap_ab else utils.LayoutEnum.ROW_MAJOR
+        self.cta_group = tcgen05.CtaGroup.ONE
+        # Known once traced (`_setup_attributes`):
+        self.num_ab_stages = self.num_acc_stages = self.num_c_stages = None
+        self.smem_bytes = None
 
     # -------------------------------------------------------------------------
-    # Host side: layouts, TMA atoms, shared storage, launch
+    # Host side
     # -------------------------------------------------------------------------
+    def _make_tiled_mma(self):
+        return sm100_utils.make_blockscaled_trivial_tiled_mma(
+            AB_DTYPE, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K,
+            SF_DTYPE, SF_VEC_SIZE, self.cta_group, self.tile_mnk[:2])
+
+    def _setup_attributes(self, tiled_mma):
+        """Stage counts and shared-memory layouts (trace time)."""
+        self.epi_tile = sm100_utils.compute_epilogue_tile_shape(
+            self.tile_mnk, False, self.c_layout, C_DTYPE)
+        self.num_acc_stages = acc_stages(self.config)
+        self.num_c_stages = NUM_C_STAGES
+        self.num_ab_stages = self._compute_stages(tiled_mma)
+        self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
+            tiled_mma, self.tile_mnk, AB_DTYPE, self.num_ab_stages)
+        self.b_smem_layout_staged = sm100_utils.make_smem_layout_b(
+            tiled_mma, self.tile_mnk, AB_DTYPE, self.num_ab_stages)
+        self.sfa_smem_layout_staged = blockscaled_utils.make_smem_layout_sfa(
+            tiled_mma, self.tile_mnk, SF_VEC_SIZE, self.num_ab_stages)
+        self.sfb_smem_layout_staged = blockscaled_utils.make_smem_layout_sfb(
+            tiled_mma, self.tile_mnk, SF_VEC_SIZE, self.num_ab_stages)
+        self.c_smem_layout_staged = sm100_utils.make_smem_layout_epi(
+            C_DTYPE, self.c_layout, self.epi_tile, self.num_c_stages)
+
+    def _compute_stages(self, tiled_mma) -> int:
+        """As many A/B/SFA/SFB stages as fit beside the C buffers, barriers and tensormaps."""
+        t = self.tile_mnk
+        stage_bytes = (
+            cute.size_in_bytes(AB_DTYPE, sm100_utils.make_smem_layout_a(tiled_mma, t, AB_DTYPE, 1))
+            + cute.size_in_bytes(AB_DTYPE, sm100_utils.make_smem_layout_b(tiled_mma, t, AB_DTYPE, 1))
+            + cute.size_in_bytes(SF_DTYPE, blockscaled_utils.make_smem_layout_sfa(tiled_mma, t, SF_VEC_SIZE, 1))
+            + cute.size_in_bytes(SF_DTYPE, blockscaled_utils.make_smem_layout_sfb(tiled_mma, t, SF_VEC_SIZE, 1)))
+        c_bytes = self.num_c_stages * cute.size_in_bytes(
+            C_DTYPE, sm100_utils.make_smem_layout_epi(C_DTYPE, self.c_layout, self.epi_tile, 1))
+        free = SMEM_CAPACITY - SMEM_RESERVED - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - c_bytes
+        self.stage_bytes = stage_bytes
+        return free // stage_bytes
+
+    def _placeholder_tensors(self):
+        """Tensors with the right dtypes and majorness from which the TMA atoms
+        are built; each CTA rewrites the descriptors for its groups."""
+        dim = cutlass.Int32(128)
+        k = cutlass.Int32(256)
+
+        def kmajor(rows):
+            return cute.make_tensor(
+                cute.make_ptr(AB_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+                cute.make_layout((rows, k, 1), stride=(k, 1, rows * k)))
+
+        a, b = kmajor(dim), kmajor(dim)
+        c_stride = (1, dim, dim * dim) if self.config.swap_ab else (dim, 1, dim * dim)
+        c = cute.make_tensor(
+            cute.make_ptr(C_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            cute.make_layout((dim, dim, 1), stride=c_stride))
+        sfa, sfb = (cute.make_tensor(
+            cute.make_ptr(SF_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            blockscaled_utils.tile_atom_to_shape_SF(t.shape, SF_VEC_SIZE)) for t in (a, b))
+        return a, b, c, sfa, sfb
+
     @cute.jit
     def __call__(
         self,
-        ptr_problem_sizes: cute.Pointer,
-        ptr_abc_ptrs: cute.Pointer,
-        ptr_sfasfb_ptrs: cute.Pointer,
-        ptr_tensormaps: cute.Pointer,
+        ptr_problem_sizes: cute.Pointer,  # (G, 4) Int32: M', N', K, L
+        ptr_abc: cute.Pointer,  # (G, 3) Int64: A', B', D' addresses
+        ptr_sf: cute.Pointer,  # (G, 2) Int64: SFA', SFB' addresses
+        ptr_tensormaps: cute.Pointer,  # (CTAs, 5, 16) Int64 workspace, 128-byte aligned
+        num_groups: cutlass.Int32,
+        total_tiles: cutlass.Int32,
         num_ctas: cutlass.Int32,
         stream,
     ):
-        num_groups = self.num_groups
-        tensor_of_abc_ptrs = cute.make_tensor(
-            ptr_abc_ptrs, cute.make_layout((num_groups, 3), stride=(3, 1)))
-        tensor_of_sfasfb_ptrs = cute.make_tensor(
-            ptr_sfasfb_ptrs, cute.make_layout((num_groups, 2), stride=(2, 1)))
-        tensor_of_problem_sizes = cute.make_tensor(
-            ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
-        # (CTA, tensormap, 16 x i64): each CTA owns 4 descriptors of 128 bytes
-        tensor_of_tensormaps = cute.make_tensor(
+        tiled_mma = self._make_tiled_mma()
+        self._setup_attributes(tiled_mma)
+        a, b, c, sfa, sfb = self._placeholder_tensors()
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp(self.cta_group)
+        cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
+        one_stage = lambda layout: cute.slice_(layout, (None, None, None, 0))
+        tma_atom_a, tma_a = cute.nvgpu.make_tiled_tma_atom_A(
+            g2s, a, one_stage(self.a_smem_layout_staged), self.tile_mnk, tiled_mma, cluster_vmnk.shape)
+        tma_atom_b, tma_b = cute.nvgpu.make_tiled_tma_atom_B(
+            g2s, b, one_stage(self.b_smem_layout_staged), self.tile_mnk, tiled_mma, cluster_vmnk.shape)
+        tma_atom_sfa, tma_sfa = cute.nvgpu.make_tiled_tma_atom_A(
+            g2s, sfa, one_stage(self.sfa_smem_layout_staged), self.tile_mnk, tiled_mma,
+            cluster_vmnk.shape, internal_type=cutlass.Int16)
+        tma_atom_sfb, tma_sfb = cute.nvgpu.make_tiled_tma_atom_B(
+            g2s, sfb, one_stage(self.sfb_smem_layout_staged), self.tile_mnk, tiled_mma,
+            cluster_vmnk.shape, internal_type=cutlass.Int16)
+        tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), c,
+            cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile)
+        self.num_tma_load_bytes = (
+            cute.size_in_bytes(AB_DTYPE, one_stage(self.a_smem_layout_staged))
+            + cute.size_in_bytes(AB_DTYPE, one_stage(self.b_smem_layout_staged))
+            + cute.size_in_bytes(SF_DTYPE, one_stage(self.sfa_smem_layout_staged))
+            + cute.size_in_bytes(SF_DTYPE, one_stage(self.sfb_smem_layout_staged)))
+
+        @cute.struct
+        class SharedStorage:
+            tensormaps: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Int64, TENSORMAP_I64_PER_CTA], BYTES_PER_TENSORMAP]
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
+            acc_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_acc_stages]
+            tmem_holding_buf: cutlass.Int32
+            # (EPI_TILE_M, EPI_TILE_N, STAGE)
+            sC: cute.struct.Align[
+                cute.struct.MemRange[C_DTYPE, cute.cosize(self.c_smem_layout_staged.outer)], 1024]
+            # (MMA, MMA_M, MMA_K, STAGE)
+            sA: cute.struct.Align[
+                cute.struct.MemRange[AB_DTYPE, cute.cosize(self.a_smem_layout_staged.outer)], 1024]
+            # (MMA, MMA_N, MMA_K, STAGE)
+            sB: cute.struct.Align[
+                cute.struct.MemRange[AB_DTYPE, cute.cosize(self.b_smem_layout_staged.outer)], 1024]
+            sSFA: cute.struct.Align[
+                cute.struct.MemRange[SF_DTYPE, cute.cosize(self.sfa_smem_layout_staged)], 128]
+            sSFB: cute.struct.Align[
+                cute.struct.MemRange[SF_DTYPE, cute.cosize(self.sfb_smem_layout_staged)], 128]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        if cutlass.const_expr(self.smem_bytes > SMEM_CAPACITY):
+            raise ValueError(f"{self.config.name}: {self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
+
+        problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
+        abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
+        sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
+        tensormaps = cute.make_tensor(
             ptr_tensormaps,
             cute.make_layout((num_ctas, NUM_TENSORMAPS, BYTES_PER_TENSORMAP // 8),
                              stride=(TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
 
-        # Placeholder tensors from which the TMA atoms are built; every CTA
-        # rewrites the descriptors with its group's real address and shape.
-        min_m = min_n = min_k = cutlass.Int32(64)
-        min_l = cutlass.Int32(1)
-        initial_a = cute.make_tensor(
-            cute.make_ptr(AB_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=16),
-            cute.make_layout((min_m, cute.assume(min_k, 32), min_l),
-                             stride=(cute.assume(min_k, 32), 1, cute.assume(min_m * min_k, 32))))
-        initial_b = cute.make_tensor(
-            cute.make_ptr(AB_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=16),
-            cute.make_layout((min_n, cute.assume(min_k, 32), min_l),
-                             stride=(cute.assume(min_k, 32), 1, cute.assume(min_n * min_k, 32))))
-        initial_sfa = cute.make_tensor(
-            cute.make_ptr(SF_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=16),
-            blockscaled_utils.tile_atom_to_shape_SF(initial_a.shape, SF_VEC_SIZE))
-        initial_sfb = cute.make_tensor(
-            cute.make_ptr(SF_DTYPE, 0, cute.AddressSpace.gmem, assumed_align=16),
-            blockscaled_utils.tile_atom_to_shape_SF(initial_b.shape, SF_VEC_SIZE))
-
-        mma_op = tcgen05.MmaMXF4NVF4Op(
-            SF_DTYPE, (MMA_TILER_MNK[0], MMA_TILER_MNK[1], MMA_INST_K),
-            tcgen05.CtaGroup.ONE, tcgen05.OperandSource.SMEM)
-        tiled_mma = cute.make_tiled_mma(mma_op)
-        cluster_layout_vmnk = cute.tiled_divide(
-            cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
-
-        # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory layouts
-        a_smem_layout_staged = sm100_utils.make_smem_layout_a(
-            tiled_mma, MMA_TILER_MNK, AB_DTYPE, NUM_AB_STAGES)
-        b_smem_layout_staged = sm100_utils.make_smem_layout_b(
-            tiled_mma, MMA_TILER_MNK, AB_DTYPE, NUM_AB_STAGES)
-        sfa_smem_layout_staged = blockscaled_utils.make_smem_layout_sfa(
-            tiled_mma, MMA_TILER_MNK, SF_VEC_SIZE, NUM_AB_STAGES)
-        sfb_smem_layout_staged = blockscaled_utils.make_smem_layout_sfb(
-            tiled_mma, MMA_TILER_MNK, SF_VEC_SIZE, NUM_AB_STAGES)
-
-        a_smem_layout = cute.slice_(a_smem_layout_staged, (None, None, None, 0))
-        b_smem_layout = cute.slice_(b_smem_layout_staged, (None, None, None, 0))
-        sfa_smem_layout = cute.slice_(sfa_smem_layout_staged, (None, None, None, 0))
-        sfb_smem_layout = cute.slice_(sfb_smem_layout_staged, (None, None, None, 0))
-        g2s = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
-        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
-            g2s, initial_a, a_smem_layout, MMA_TILER_MNK, tiled_mma, cluster_layout_vmnk.shape)
-        tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
-            g2s, initial_b, b_smem_layout, MMA_TILER_MNK, tiled_mma, cluster_layout_vmnk.shape)
-        tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(
-            g2s, initial_sfa, sfa_smem_layout, MMA_TILER_MNK, tiled_mma,
-            cluster_layout_vmnk.shape, internal_type=cutlass.Int16)
-        tma_atom_sfb, tma_tensor_sfb = cute.nvgpu.make_tiled_tma_atom_B(
-            g2s, initial_sfb, sfb_smem_layout, MMA_TILER_MNK, tiled_mma,
-            cluster_layout_vmnk.shape, internal_type=cutlass.Int16)
-
-        num_tma_load_bytes = (
-            cute.size_in_bytes(AB_DTYPE, a_smem_layout)
-            + cute.size_in_bytes(AB_DTYPE, b_smem_layout)
-            + cute.size_in_bytes(SF_DTYPE, sfa_smem_layout)
-            + cute.size_in_bytes(SF_DTYPE, sfb_smem_layout)
-        ) * cute.size(tiled_mma.thr_id.shape)
-
-        @cute.struct
-        class SharedStorage:
-            # TMA descriptors must be 64-byte aligned; 128 keeps each in its own line.
-            tensormap_buffer: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Int64, TENSORMAP_I64_PER_CTA], BYTES_PER_TENSORMAP]
-            ab_mbar: cute.struct.MemRange[cutlass.Int64, NUM_AB_STAGES * 2]
-            acc_mbar: cute.struct.MemRange[cutlass.Int64, NUM_ACC_STAGES * 2]
-            tmem_holding_buf: cutlass.Int32
-            sA: cute.struct.Align[
-                cute.struct.MemRange[AB_DTYPE, cute.cosize(a_smem_layout_staged.outer)], 1024]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[AB_DTYPE, cute.cosize(b_smem_layout_staged.outer)], 1024]
-            sSFA: cute.struct.Align[
-                cute.struct.MemRange[SF_DTYPE, cute.cosize(sfa_smem_layout_staged)], 128]
-            sSFB: cute.struct.Align[
-                cute.struct.MemRange[SF_DTYPE, cute.cosize(sfb_smem_layout_staged)], 128]
-
-        self.shared_storage = SharedStorage
-        self.smem_bytes = SharedStorage.size_in_bytes()
-
         self.kernel(
             tiled_mma,
-            tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b,
-            tma_atom_sfa, tma_tensor_sfa, tma_atom_sfb, tma_tensor_sfb,
-            tensor_of_abc_ptrs, tensor_of_sfasfb_ptrs, tensor_of_tensormaps,
-            tensor_of_problem_sizes,
-            a_smem_layout_staged, b_smem_layout_staged,
-            sfa_smem_layout_staged, sfb_smem_layout_staged,
-            num_tma_load_bytes,
-        ).launch(grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1],
-                 cluster=(1, 1, 1), smem=self.smem_bytes, stream=stream)
+            tma_atom_a, tma_a, tma_atom_b, tma_b,
+            tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb, tma_atom_c, tma_c,
+            problem_sizes, abc_ptrs, sf_ptrs, tensormaps, total_tiles,
+            self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
+            self.sfb_smem_layout_staged, self.c_smem_layout_staged, self.epi_tile,
+        ).launch(grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], cluster=(1, 1, 1),
+                 smem=self.smem_bytes, stream=stream)
 
     # -------------------------------------------------------------------------
-    # Device side
+    # Device side: the dispatcher
     # -------------------------------------------------------------------------
     @cute.kernel
     def kernel(
@@ -239,264 +477,352 @@ class Sm100GroupedGemmKernel:
         tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor,
         tma_atom_sfa: cute.CopyAtom, mSFA_mkl: cute.Tensor,
         tma_atom_sfb: cute.CopyAtom, mSFB_nkl: cute.Tensor,
-        tensor_of_abc_ptrs: cute.Tensor,
-        tensor_of_sfasfb_ptrs: cute.Tensor,
+        tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor,
+        problem_sizes: cute.Tensor,
+        abc_ptrs: cute.Tensor,
+        sf_ptrs: cute.Tensor,
         tensormaps: cute.Tensor,
-        tensor_of_problem_sizes: cute.Tensor,
+        total_tiles: cutlass.Int32,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
         sfb_smem_layout_staged: cute.Layout,
-        num_tma_load_bytes: cutlass.Constexpr[int],
+        c_smem_layout_staged: cute.ComposedLayout,
+        epi_tile: cute.Tile,
     ):
+        # Layouts built on the host must reach the device code as arguments.
+        layouts = SmemLayouts(a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged,
+                              sfb_smem_layout_staged, c_smem_layout_staged, epi_tile)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        tidx, _, _ = cute.arch.thread_idx()
         _, _, bidz = cute.arch.block_idx()
+        _, _, grid_z = cute.arch.grid_dim()
 
-        # ---- Tile scheduler: CTA index -> (group, m-tile, n-tile), unrolled
-        # over the compile-time list of tiles per group.
-        group_idx = 0
-        found = False
-        coord_x = 0
-        coord_y = 0
-        cta_rest = bidz
-        for cta_m, cta_n in self.cta_mn_list:
-            if cta_rest >= (cta_m * cta_n):
-                group_idx += 1
-                cta_rest -= cta_m * cta_n
-            else:
-                if not found:
-                    coord_y = cta_rest // cta_m
-                    coord_x = cta_rest % cta_m
-                    cta_rest -= cta_m * cta_n
-                    found = True
-
-        # ---- This group's tensors, from the run-time pointer and size tables
-        m = tensor_of_problem_sizes[group_idx, 0]
-        n = tensor_of_problem_sizes[group_idx, 1]
-        k = tensor_of_problem_sizes[group_idx, 2]
-        l = tensor_of_problem_sizes[group_idx, 3]
-
-        def gmem_ptr(dtype, address):
-            # The host checks PTR_ALIGN_BYTES alignment; this only states it.
-            return cute.make_ptr(dtype, address, cute.AddressSpace.gmem,
-                                 assumed_align=PTR_ALIGN_BYTES)
-
-        mC_mnl = cute.make_tensor(
-            gmem_ptr(C_DTYPE, tensor_of_abc_ptrs[group_idx, 2]),
-            cute.make_layout((m, n, l), stride=(cute.assume(n, 32), 1, cute.assume(m * n, 32))))
-        gC_mnl = cute.local_tile(
-            mC_mnl, cute.slice_(MMA_TILER_MNK, (None, None, 0)), (coord_x, coord_y, 0))
-
-        mA_layout = cute.make_layout((m, k, l), stride=(cute.assume(k, 32), 1, cute.assume(m * k, 32)))
-        mB_layout = cute.make_layout((n, k, l), stride=(cute.assume(k, 32), 1, cute.assume(n * k, 32)))
-        real_tensor_a = cute.make_tensor(gmem_ptr(AB_DTYPE, tensor_of_abc_ptrs[group_idx, 0]), mA_layout)
-        real_tensor_b = cute.make_tensor(gmem_ptr(AB_DTYPE, tensor_of_abc_ptrs[group_idx, 1]), mB_layout)
-        real_tensor_sfa = cute.make_tensor(
-            gmem_ptr(SF_DTYPE, tensor_of_sfasfb_ptrs[group_idx, 0]),
-            blockscaled_utils.tile_atom_to_shape_SF(mA_layout.shape, SF_VEC_SIZE))
-        real_tensor_sfb = cute.make_tensor(
-            gmem_ptr(SF_DTYPE, tensor_of_sfasfb_ptrs[group_idx, 1]),
-            blockscaled_utils.tile_atom_to_shape_SF(mB_layout.shape, SF_VEC_SIZE))
-
-        # ---- Shared memory
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        tensormap_a_smem_ptr = storage.tensormap_buffer.data_ptr()
-        tensormap_b_smem_ptr = tensormap_a_smem_ptr + BYTES_PER_TENSORMAP // 8
-        tensormap_sfa_smem_ptr = tensormap_b_smem_ptr + BYTES_PER_TENSORMAP // 8
-        tensormap_sfb_smem_ptr = tensormap_sfa_smem_ptr + BYTES_PER_TENSORMAP // 8
-        # (MMA, MMA_M/N, MMA_K, STAGE)
-        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
-        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
-        sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-        sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
-
-        ab_producer, ab_consumer = pipeline.PipelineTmaUmma.create(
+        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        ab_pipeline = pipeline.PipelineTmaUmma.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
-            num_stages=NUM_AB_STAGES,
+            num_stages=self.num_ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=num_tma_load_bytes,
-        ).make_participants()
-        acc_producer, acc_consumer = pipeline.PipelineUmmaAsync.create(
+            tx_count=self.num_tma_load_bytes,
+        )
+        acc_pipeline = pipeline.PipelineUmmaAsync.create(
             barrier_storage=storage.acc_mbar.data_ptr(),
-            num_stages=NUM_ACC_STAGES,
+            num_stages=self.num_acc_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_CTA),
-        ).make_participants()
-
-        # ---- Global tiles, partitioned for the MMA
-        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(MMA_TILER_MNK, (None, 0, None)), (None, None, None))
-        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(MMA_TILER_MNK, (0, None, None)), (None, None, None))
-        gSFA_mkl = cute.local_tile(mSFA_mkl, cute.slice_(MMA_TILER_MNK, (None, 0, None)), (None, None, None))
-        gSFB_nkl = cute.local_tile(mSFB_nkl, cute.slice_(MMA_TILER_MNK, (0, None, None)), (None, None, None))
-        thr_mma = tiled_mma.get_slice(tidx)
-        tCgA = thr_mma.partition_A(gA_mkl)
-        tCgB = thr_mma.partition_B(gB_nkl)
-        tCgSFA = thr_mma.partition_A(gSFA_mkl)
-        tCgSFB = thr_mma.partition_B(gSFB_nkl)
-        tCgC = thr_mma.partition_C(gC_mnl)
-
-        # ---- This CTA's TMA descriptors: copy the templates to shared memory,
-        # patch address and shape for the group, publish to global memory.
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ACC_CONSUMER_ARRIVES),
+        )
         tensormap_manager = utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
-        tensormap_a_gmem_ptr = tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, 0, None)].iterator)
-        tensormap_b_gmem_ptr = tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, 1, None)].iterator)
-        tensormap_sfa_gmem_ptr = tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, 2, None)].iterator)
-        tensormap_sfb_gmem_ptr = tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, 3, None)].iterator)
-        if warp_idx == 0:
-            tensormap_manager.init_tensormap_from_atom(tma_atom_a, tensormap_a_smem_ptr, 0)
-            tensormap_manager.init_tensormap_from_atom(tma_atom_b, tensormap_b_smem_ptr, 0)
-            tensormap_manager.init_tensormap_from_atom(tma_atom_sfa, tensormap_sfa_smem_ptr, 0)
-            tensormap_manager.init_tensormap_from_atom(tma_atom_sfb, tensormap_sfb_smem_ptr, 0)
-            tensormap_manager.update_tensormap(
-                (real_tensor_a, real_tensor_b, real_tensor_sfa, real_tensor_sfb),
-                (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb),
-                (tensormap_a_gmem_ptr, tensormap_b_gmem_ptr, tensormap_sfa_gmem_ptr, tensormap_sfb_gmem_ptr),
-                0,
-                (tensormap_a_smem_ptr, tensormap_b_smem_ptr, tensormap_sfa_smem_ptr, tensormap_sfb_smem_ptr),
-            )
-            tensormap_manager.fence_tensormap_update(tensormap_a_gmem_ptr)
-            tensormap_manager.fence_tensormap_update(tensormap_b_gmem_ptr)
-            tensormap_manager.fence_tensormap_update(tensormap_sfa_gmem_ptr)
-            tensormap_manager.fence_tensormap_update(tensormap_sfb_gmem_ptr)
-        cute.arch.barrier()
+        # This CTA's descriptors: (shared-memory copy, global-memory home) per tensor
+        tensormap_smem = [storage.tensormaps.data_ptr() + i * (BYTES_PER_TENSORMAP // 8)
+                          for i in range(NUM_TENSORMAPS)]
+        tensormap_gmem = [tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, i, None)].iterator)
+                          for i in range(NUM_TENSORMAPS)]
+        # (MMA, MMA_M, MMA_N, ACC_STAGE) accumulator layout, address known after allocation
+        acc_shape = tiled_mma.partition_shape_C(self.tile_mnk[:2])
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stages))
+        tmem_alloc_barrier = pipeline.NamedBarrier(
+            barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=32 * (len(EPILOGUE_WARPS) + 1))
 
-        # ---- TMA partitions: ((ATOM_V, REST_V), REST_M/N, REST_K, REST_L)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3))
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3))
-        tAsSFA, tAgSFA = cpasync.tma_partition(
-            tma_atom_sfa, 0, cute.make_layout(1), cute.group_modes(sSFA, 0, 3), cute.group_modes(tCgSFA, 0, 3))
-        tAsSFA = cute.filter_zeros(tAsSFA)
-        tAgSFA = cute.filter_zeros(tAgSFA)
-        tBsSFB, tBgSFB = cpasync.tma_partition(
-            tma_atom_sfb, 0, cute.make_layout(1), cute.group_modes(sSFB, 0, 3), cute.group_modes(tCgSFB, 0, 3))
-        tBsSFB = cute.filter_zeros(tBsSFB)
-        tBgSFB = cute.filter_zeros(tBgSFB)
+        if warp_idx == TMA_WARP:
+            self.tma_producer(
+                layouts, storage, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem, tensormap_gmem,
+                tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
+                tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, abc_ptrs, sf_ptrs, bidz, grid_z)
+        if warp_idx == MMA_WARP:
+            self.mma_issuer(
+                layouts, storage, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
+                tmem_alloc_barrier, bidz, grid_z)
+        if warp_idx < MMA_WARP:
+            self.epilogue(
+                layouts, storage, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem[4],
+                tensormap_gmem[4], tiled_mma, tCtAcc_fake, tmem_alloc_barrier,
+                tma_atom_c, mC_mnl, abc_ptrs, bidz, grid_z)
 
-        # ---- MMA fragments and tensor memory: accumulator, then SFA, SFB
+    # -------------------------------------------------------------------------
+    # Per-group global tensors (for the descriptor updates)
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def group_tensors(self, problem_sizes: cute.Tensor, group, abc_ptrs, sf_ptrs):
+        """A' (M', K), B' (N', K), SFA', SFB' of `group` with their real extents."""
+        mp = problem_sizes[group, 0]
+        np_ = problem_sizes[group, 1]
+        k = problem_sizes[group, 2]
+
+        def gmem(dtype, address):  # the host checked the alignment
+            return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES)
+
+        def kmajor(address, rows):
+            return cute.make_tensor(gmem(AB_DTYPE, address),
+                                    cute.make_layout((rows, k, 1), stride=(k, 1, rows * k)))
+
+        def blocked_sf(address, rows):
+            return cute.make_tensor(gmem(SF_DTYPE, address),
+                                    blockscaled_utils.tile_atom_to_shape_SF((rows, k, 1), SF_VEC_SIZE))
+
+        return (kmajor(abc_ptrs[group, 0], mp), kmajor(abc_ptrs[group, 1], np_),
+                blocked_sf(sf_ptrs[group, 0], mp), blocked_sf(sf_ptrs[group, 1], np_))
+
+    @cute.jit
+    def group_output(self, problem_sizes: cute.Tensor, group, abc_ptrs):
+        """D' (M', N') of `group`: C row-major, or C^T column-major when swapped."""
+        mp = problem_sizes[group, 0]
+        np_ = problem_sizes[group, 1]
+        stride = (1, mp, mp * np_) if cutlass.const_expr(self.config.swap_ab) else (np_, 1, mp * np_)
+        return cute.make_tensor(
+            cute.make_ptr(C_DTYPE, abc_ptrs[group, 2], cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            cute.make_layout((mp, np_, 1), stride=stride))
+
+    # -------------------------------------------------------------------------
+    # Warp 5: TMA producer
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def tma_producer(self, layouts, storage, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem,
+                     tensormap_gmem, tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
+                     tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, abc_ptrs, sf_ptrs, bidz, grid_z):
+        atoms = (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb)
+        for i in cutlass.range_constexpr(4):
+            cpasync.prefetch_descriptor(atoms[i])
+            tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], TMA_WARP)
+
+        # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory stages
+        sA = storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner)
+        sB = storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner)
+        sSFA = storage.sSFA.get_tensor(layouts.sfa)
+        sSFB = storage.sSFB.get_tensor(layouts.sfb)
+        thr_mma = tiled_mma.get_slice(0)
+        # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), REST_M/N, REST_K, REST_L)
+        tile_k = cute.slice_(self.tile_mnk, (None, 0, None))
+        tile_n = cute.slice_(self.tile_mnk, (0, None, None))
+
+        def partition(atom, smem, global_tensor, tiler, partition_fn, compact):
+            g = partition_fn(cute.local_tile(global_tensor, tiler, (None, None, None)))
+            s_part, g_part = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 3), cute.group_modes(g, 0, 3))
+            if cutlass.const_expr(compact):
+                return cute.filter_zeros(s_part), cute.filter_zeros(g_part)
+            return s_part, g_part
+
+        tAsA, tAgA = partition(tma_atom_a, sA, mA_mkl, tile_k, thr_mma.partition_A, False)
+        tBsB, tBgB = partition(tma_atom_b, sB, mB_nkl, tile_n, thr_mma.partition_B, False)
+        tAsSFA, tAgSFA = partition(tma_atom_sfa, sSFA, mSFA_mkl, tile_k, thr_mma.partition_A, True)
+        tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, tile_n, thr_mma.partition_B, True)
+
+        producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        loaded_group = cutlass.Int32(-1)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
+            if group != loaded_group:
+                tensormap_manager.update_tensormap(
+                    self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), atoms,
+                    tuple(tensormap_gmem[:4]), TMA_WARP, tuple(tensormap_smem[:4]))
+                for i in cutlass.range_constexpr(4):
+                    tensormap_manager.fence_tensormap_update(tensormap_gmem[i])
+                loaded_group = group
+            k_tiles = (problem_sizes[group, 2] + self.tile_mnk[2] - 1) // self.tile_mnk[2]
+            # (source ((ATOM_V, REST_V), REST_K), stage destination, descriptor) per tensor
+            loads = ((tma_atom_a, tAgA[(None, m_tile, None, 0)], tAsA, tensormap_gmem[0]),
+                     (tma_atom_b, tBgB[(None, n_tile, None, 0)], tBsB, tensormap_gmem[1]),
+                     (tma_atom_sfa, tAgSFA[(None, m_tile, None, 0)], tAsSFA, tensormap_gmem[2]),
+                     (tma_atom_sfb, tBgSFB[(None, n_tile, None, 0)], tBsSFB, tensormap_gmem[3]))
+            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+                ab_pipeline.producer_acquire(producer_state)
+                for atom, src, dst, desc in loads:
+                    cute.copy(atom, src[(None, k_tile)], dst[(None, producer_state.index)],
+                              tma_bar_ptr=ab_pipeline.producer_get_barrier(producer_state),
+                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(desc, cute.AddressSpace.generic))
+                producer_state.advance()
+            tile += grid_z
+        ab_pipeline.producer_tail(producer_state)
+
+    # -------------------------------------------------------------------------
+    # Warp 4: MMA issuer
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def mma_issuer(self, layouts, storage, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
+                   tmem_alloc_barrier, bidz, grid_z):
+        sA = storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner)
+        sB = storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner)
+        sSFA = storage.sSFA.get_tensor(layouts.sfa)
+        sSFB = storage.sSFB.get_tensor(layouts.sfb)
+        # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory descriptors
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
-        acc_shape = tiled_mma.partition_shape_C(MMA_TILER_MNK[:2])
-        tCtAcc_fake = tiled_mma.make_fragment_C(acc_shape)
 
-        tmem_alloc_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=THREADS_PER_CTA)
-        tmem = utils.TmemAllocator(storage.tmem_holding_buf.ptr, barrier_for_retrieve=tmem_alloc_barrier)
-        tmem.allocate(NUM_TMEM_COLUMNS)
-        tmem.wait_for_alloc()
-        acc_tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
-        tCtAcc = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
-
+        tmem_alloc_barrier.arrive_and_wait()  # epilogue warp 0 has allocated TMEM
+        acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
+            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.ptr)
+        # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
+        # Scale factors of one K stage live after the accumulator stages.
         sfa_tmem_ptr = cute.recast_ptr(
-            acc_tmem_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc), dtype=SF_DTYPE)
+            acc_tmem_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc_base), dtype=SF_DTYPE)
         tCtSFA = cute.make_tensor(sfa_tmem_ptr, blockscaled_utils.make_tmem_layout_sfa(
-            tiled_mma, MMA_TILER_MNK, SF_VEC_SIZE, cute.slice_(sfa_smem_layout_staged, (None, None, None, 0))))
+            tiled_mma, self.tile_mnk, SF_VEC_SIZE, cute.slice_(layouts.sfa, (None, None, None, 0))))
         sfb_tmem_ptr = cute.recast_ptr(
-            acc_tmem_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
+            acc_tmem_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
             + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=SF_DTYPE)
         tCtSFB = cute.make_tensor(sfb_tmem_ptr, blockscaled_utils.make_tmem_layout_sfb(
-            tiled_mma, MMA_TILER_MNK, SF_VEC_SIZE, cute.slice_(sfb_smem_layout_staged, (None, None, None, 0))))
+            tiled_mma, self.tile_mnk, SF_VEC_SIZE, cute.slice_(layouts.sfb, (None, None, None, 0))))
+        tmem_columns = (tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
+                        + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+                        + tcgen05.find_tmem_tensor_col_offset(tCtSFB))
+        if cutlass.const_expr(tmem_columns > TMEM_COLUMNS):
+            raise ValueError(f"{self.config.name}: {tmem_columns} TMEM columns needed, {TMEM_COLUMNS} exist")
+        copy_sfa, tCsSFA_s2t, tCtSFA_s2t = self.s2t_copy_and_partition(sSFA, tCtSFA)
+        copy_sfb, tCsSFB_s2t, tCtSFB_s2t = self.s2t_copy_and_partition(sSFB, tCtSFB)
+        num_kblocks = cute.size(tCrA, mode=[2])
 
-        # Shared -> tensor memory copies of the scale factors
-        copy_atom_s2t = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), SF_DTYPE)
-        tCsSFA_compact = cute.filter_zeros(sSFA)
-        tCtSFA_compact = cute.filter_zeros(tCtSFA)
-        tiled_copy_s2t_sfa = tcgen05.make_s2t_copy(copy_atom_s2t, tCtSFA_compact)
-        thr_copy_s2t_sfa = tiled_copy_s2t_sfa.get_slice(0)
-        tCsSFA_compact_s2t = tcgen05.get_s2t_smem_desc_tensor(
-            tiled_copy_s2t_sfa, thr_copy_s2t_sfa.partition_S(tCsSFA_compact))
-        tCtSFA_compact_s2t = thr_copy_s2t_sfa.partition_D(tCtSFA_compact)
-        tCsSFB_compact = cute.filter_zeros(sSFB)
-        tCtSFB_compact = cute.filter_zeros(tCtSFB)
-        tiled_copy_s2t_sfb = tcgen05.make_s2t_copy(copy_atom_s2t, tCtSFB_compact)
-        thr_copy_s2t_sfb = tiled_copy_s2t_sfb.get_slice(0)
-        tCsSFB_compact_s2t = tcgen05.get_s2t_smem_desc_tensor(
-            tiled_copy_s2t_sfb, thr_copy_s2t_sfb.partition_S(tCsSFB_compact))
-        tCtSFB_compact_s2t = thr_copy_s2t_sfb.partition_D(tCtSFB_compact)
-
-        # ---- This tile's slices: ((ATOM_V, REST_V), REST_K)
-        k_tile_cnt = cute.ceil_div(real_tensor_a.shape[1], MMA_TILER_MNK[2])
-        tAgA = tAgA[(None, coord_x, None, 0)]
-        tBgB = tBgB[(None, coord_y, None, 0)]
-        tAgSFA = tAgSFA[(None, coord_x, None, 0)]
-        tBgSFB = tBgSFB[(None, coord_y, None, 0)]
-
-        # (TMA atom, global source, shared-memory stages, this CTA's descriptor)
-        tma_loads = (
-            (tma_atom_a, tAgA, tAsA, tensormap_a_gmem_ptr),
-            (tma_atom_b, tBgB, tBsB, tensormap_b_gmem_ptr),
-            (tma_atom_sfa, tAgSFA, tAsSFA, tensormap_sfa_gmem_ptr),
-            (tma_atom_sfb, tBgSFB, tBsSFB, tensormap_sfb_gmem_ptr),
-        )
-
-        # ---- Main loop (warp 0): load a K stage, then multiply it
-        if warp_idx == 0:
-            acc_empty = acc_producer.acquire_and_advance()
+        consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_acc_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        while tile < total_tiles:
+            group, group_first_tile, _, _ = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
+            k_tiles = (problem_sizes[group, 2] + self.tile_mnk[2] - 1) // self.tile_mnk[2]
+            tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
+            acc_pipeline.producer_acquire(acc_state)  # the epilogue has drained this buffer
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-            for k_tile in range(k_tile_cnt):
-                ab_empty = ab_producer.acquire_and_advance()
-                for atom, tile_src, stage_dst, desc_ptr in tma_loads:
-                    cute.copy(atom, tile_src[(None, k_tile)], stage_dst[(None, ab_empty.index)],
-                              tma_bar_ptr=ab_empty.barrier,
-                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
-                                  desc_ptr, cute.AddressSpace.generic))
-
-                ab_full = ab_consumer.wait_and_advance()
-                s2t_stage_coord = (None, None, None, None, ab_full.index)
-                cute.copy(tiled_copy_s2t_sfa, tCsSFA_compact_s2t[s2t_stage_coord], tCtSFA_compact_s2t)
-                cute.copy(tiled_copy_s2t_sfb, tCsSFB_compact_s2t[s2t_stage_coord], tCtSFB_compact_s2t)
-                num_kblocks = cute.size(tCrA, mode=[2])
-                for kblock_idx in cutlass.range(num_kblocks, unroll_full=True):
-                    kblock_coord = (None, None, kblock_idx, ab_full.index)
-                    sf_kblock_coord = (None, None, kblock_idx)
-                    tiled_mma.set(tcgen05.Field.SFA, tCtSFA[sf_kblock_coord].iterator)
-                    tiled_mma.set(tcgen05.Field.SFB, tCtSFB[sf_kblock_coord].iterator)
+            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+                ab_pipeline.consumer_wait(consumer_state)
+                stage = (None, None, None, None, consumer_state.index)
+                cute.copy(copy_sfa, tCsSFA_s2t[stage], tCtSFA_s2t)
+                cute.copy(copy_sfb, tCsSFB_s2t[stage], tCtSFB_s2t)
+                for kblock in cutlass.range(num_kblocks, unroll_full=True):
+                    tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kblock)].iterator)
+                    tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kblock)].iterator)
+                    kblock_coord = (None, None, kblock, consumer_state.index)
                     cute.gemm(tiled_mma, tCtAcc, tCrA[kblock_coord], tCrB[kblock_coord], tCtAcc)
                     tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
-                ab_full.release()
-            acc_empty.commit()
+                ab_pipeline.consumer_release(consumer_state)  # frees the stage when the MMAs finish
+                consumer_state.advance()
+            acc_pipeline.producer_commit(acc_state)  # accumulator full when the MMAs finish
+            acc_state.advance()
+            tile += grid_z
+        acc_pipeline.producer_tail(acc_state)
 
-        # ---- Epilogue (all warps): thread t owns accumulator row t
-        copy_atom_t2r = cute.make_copy_atom(
-            tcgen05.Ld32x32bOp(tcgen05.Repetition.x128, tcgen05.Pack.NONE), cutlass.Float32)
-        tiled_copy_t2r = tcgen05.make_tmem_copy(copy_atom_t2r, tCtAcc[None, 0, 0])
-        thr_copy_t2r = tiled_copy_t2r.get_slice(tidx)
-        tDtAcc = thr_copy_t2r.partition_S(tCtAcc[None, 0, 0])
-        tDgC = thr_copy_t2r.partition_D(tCgC[None, 0, 0])
-        tDrAcc = cute.make_rmem_tensor(tDgC.shape, cutlass.Float32)
-        tDrC = cute.make_rmem_tensor(tDgC.shape, C_DTYPE)
+    def s2t_copy_and_partition(self, sSF, tSF):
+        """Shared -> tensor memory copy of one stage of scale factors:
+        (tiled copy, ((ATOM_V, REST_V), REST_TILER, MMA_MN, MMA_K, STAGE) source,
+        ((ATOM_V, REST_V), REST_TILER, MMA_MN, MMA_K) destination)."""
+        sSF_compact = cute.filter_zeros(sSF)
+        tSF_compact = cute.filter_zeros(tSF)
+        tiled_copy = tcgen05.make_s2t_copy(
+            cute.make_copy_atom(tcgen05.Cp4x32x128bOp(self.cta_group), SF_DTYPE), tSF_compact)
+        thr_copy = tiled_copy.get_slice(0)
+        source = tcgen05.get_s2t_smem_desc_tensor(tiled_copy, thr_copy.partition_S(sSF_compact))
+        return tiled_copy, source, thr_copy.partition_D(tSF_compact)
 
-        tmem.relinquish_alloc_permit()
-        acc_full = acc_consumer.wait_and_advance()
-        cute.copy(tiled_copy_t2r, tDtAcc, tDrAcc)
-        tDrC.store(tDrAcc.load().to(C_DTYPE))
+    # -------------------------------------------------------------------------
+    # Warps 0-3: epilogue
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def epilogue(self, layouts, storage, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_c_smem,
+                 tensormap_c_gmem, tiled_mma, tCtAcc_fake, tmem_alloc_barrier, tma_atom_c, mC_mnl,
+                 abc_ptrs, bidz, grid_z):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        epilogue_barrier = pipeline.NamedBarrier(
+            barrier_id=EPILOGUE_BARRIER_ID, num_threads=32 * len(EPILOGUE_WARPS))
+        leader = warp_idx == EPILOGUE_WARPS[0]
+        tensormap_manager.init_tensormap_from_atom(tma_atom_c, tensormap_c_smem, EPILOGUE_WARPS[0])
+        if leader:
+            cpasync.prefetch_descriptor(tma_atom_c)
+            cute.arch.alloc_tmem(TMEM_COLUMNS, storage.tmem_holding_buf.ptr)
+        tmem_alloc_barrier.arrive_and_wait()
+        acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
+            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.ptr)
+        # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
+        # (EPI_TILE_M, EPI_TILE_N, STAGE)
+        sC = storage.sC.get_tensor(layouts.c.outer, swizzle=layouts.c.inner)
+        # (MMA, MMA_M, MMA_N, REST_M, REST_N, REST_L) over the placeholder D'
+        tCgC = tiled_mma.get_slice(0).partition_C(
+            cute.local_tile(mC_mnl, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None)))
 
-        # Predicate: the r2g partition below gives thread t the coordinates
-        # (i, t) for i in 0..127, i.e. (column, row) of what it holds, hence the
-        # bound (residue_n, residue_m).
-        simt_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), C_DTYPE, num_bits_per_copy=16)
-        thread_layout = cute.make_layout((1, THREADS_PER_CTA), stride=(THREADS_PER_CTA, 1))
-        tiled_copy_r2g = cute.make_tiled_copy_tv(simt_atom, thread_layout, cute.make_layout((1, 1)))
-        tDcC = tiled_copy_r2g.get_slice(tidx).partition_D(cute.make_identity_tensor(gC_mnl.shape))
-        tDpC = cute.make_rmem_tensor(tDrC.shape, cutlass.Boolean)
-        residue_m = mC_mnl.shape[0] - cutlass.Int32(coord_x) * MMA_TILER_MNK[0]
-        residue_n = mC_mnl.shape[1] - cutlass.Int32(coord_y) * MMA_TILER_MNK[1]
-        for i in range(cute.size(tDrC.shape)):
-            tDpC[i] = cute.elem_less(tDcC[i], (residue_n, residue_m))
-        cute.copy(simt_atom, cute.flatten(tDrC), cute.flatten(tDgC), pred=cute.flatten(tDpC))
+        # TMEM -> registers: (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
+        copy_t2r = tcgen05.make_tmem_copy(
+            sm100_utils.get_tmem_load_op(self.tile_mnk, self.c_layout, C_DTYPE, ACC_DTYPE,
+                                         layouts.epi_tile, False),
+            cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], layouts.epi_tile)[(None, None, 0, 0, 0)])
+        thr_t2r = copy_t2r.get_slice(tidx)
+        tTR_tAcc_base = thr_t2r.partition_S(
+            cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], layouts.epi_tile))
+        gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], layouts.epi_tile)
+        tTR_rAcc = cute.make_rmem_tensor(
+            thr_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, ACC_DTYPE)
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, C_DTYPE)
+        # registers -> shared memory: (R2S, R2S_M, R2S_N, C_STAGE)
+        copy_r2s = cute.make_tiled_copy_D(
+            sm100_utils.get_smem_store_op(self.c_layout, C_DTYPE, ACC_DTYPE, copy_t2r), copy_t2r)
+        tRS_sC = copy_r2s.get_slice(tidx).partition_D(sC)
+        tRS_rC = copy_r2s.retile(tTR_rC)
+        # shared memory -> global (TMA): ((ATOM_V, REST_V), C_STAGE) and
+        # ((ATOM_V, REST_V), EPI_M, EPI_N, REST_M, REST_N, REST_L)
+        bSG_sC, bSG_gC_all = cpasync.tma_partition(
+            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi, 0, 2))
+        c_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=self.num_c_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPILOGUE_WARPS)))
 
-        acc_full.release()
-        cute.arch.barrier()
-        tmem.free(acc_tmem_ptr)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        stored_group = cutlass.Int32(-1)
+        subtiles_done = cutlass.Int32(0)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
+            if group != stored_group:
+                tensormap_manager.update_tensormap(
+                    (self.group_output(problem_sizes, group, abc_ptrs),), (tma_atom_c,),
+                    (tensormap_c_gmem,), EPILOGUE_WARPS[0], (tensormap_c_smem,))
+            # ((ATOM_V, REST_V), EPI_M x EPI_N)
+            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, m_tile, n_tile, 0)], 1, 3)
+            # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
+            tTR_tAcc = cute.group_modes(tTR_tAcc_base[(None, None, None, None, None, acc_state.index)], 3, 5)
+            acc_pipeline.consumer_wait(acc_state)
+            if group != stored_group:
+                if leader:
+                    tensormap_manager.fence_tensormap_update(tensormap_c_gmem)
+                stored_group = group
+            num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
+            for subtile in cutlass.range(num_subtiles):
+                cute.copy(copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
+                tRS_rC.store(copy_r2s.retile(tTR_rAcc).load().to(C_DTYPE))
+                buffer = (subtiles_done + subtile) % self.num_c_stages
+                cute.copy(copy_r2s, tRS_rC, tRS_sC[(None, None, None, buffer)])
+                # generic-proxy smem writes must be visible to the TMA (async proxy)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                epilogue_barrier.arrive_and_wait()
+                if leader:
+                    cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, subtile)],
+                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
+                                  tensormap_c_gmem, cute.AddressSpace.generic))
+                    c_pipeline.producer_commit()
+                    c_pipeline.producer_acquire()  # the buffer written next is free again
+                epilogue_barrier.arrive_and_wait()
+            subtiles_done += num_subtiles
+            with cute.arch.elect_one():
+                acc_pipeline.consumer_release(acc_state)  # one arrive per epilogue warp
+            acc_state.advance()
+            tile += grid_z
+
+        if leader:
+            cute.arch.relinquish_tmem_alloc_permit()
+        epilogue_barrier.arrive_and_wait()
+        if leader:
+            cute.arch.dealloc_tmem(acc_tmem_ptr, TMEM_COLUMNS)
+        c_pipeline.producer_tail()
 
 
 # =============================================================================
-# Compilation: one kernel per (problem sizes, architecture)
+# Compilation: one kernel per (tile configuration, architecture)
 # =============================================================================
-_compiled = {}
+_compiled: Dict[tuple, tuple] = {}
 
 
 def target_arch() -> str:
@@ -508,48 +834,59 @@ def target_arch() -> str:
     return f"sm_{major}{minor}a"
 
 
-def compile_grouped_gemm(problem_sizes) -> Tuple[object, Sm100GroupedGemmKernel]:
-    """The compiled B200 kernel for these problem sizes, compiled on first use.
+def compile_grouped_gemm(config: TileConfig):
+    """(compiled function, kernel object) for `config`, compiled on first use.
 
-    Keyed on the full tuple of sizes (they are compile-time constants of the
-    kernel) and the target architecture. Works without a GPU when CUTE_DSL_ARCH
-    names the target (e.g. sm_100a)."""
-    sizes = tuple(tuple(int(x) for x in p) for p in problem_sizes)
-    key = (sizes, target_arch())
+    Keyed only on compile-time facts: the configuration and the target
+    architecture. Problem sizes, group count and grid are run-time arguments.
+    Works without a GPU when CUTE_DSL_ARCH names the target (e.g. sm_100a)."""
+    key = (config, target_arch())
     if key not in _compiled:
-        kernel = Sm100GroupedGemmKernel(sizes)
-        null_i32 = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=16)
-        null_i64 = make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=16)
+        kernel = Sm100GroupedGemmKernel(config)
+        null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
         compiled = cute.compile(
-            kernel, null_i32, null_i64, null_i64,
-            make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=BYTES_PER_TENSORMAP),
-            cutlass.Int32(kernel.num_ctas), make_fake_stream())
+            kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
+            null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1),
+            cutlass.Int32(1), make_fake_stream())
         _compiled[key] = (compiled, kernel)
     return _compiled[key]
 
 
-def run_b200(data: input_t) -> output_t:
+def launch_plan(problem_sizes, config: TileConfig, num_sms: int):
+    """Host-side tables for one launch: kernel problem sizes (M', N', K, L) and
+    the tile and CTA counts."""
+    sizes = [kernel_problem(s, config) for s in problem_sizes]
+    tiles = tile_count(problem_sizes, config)
+    return sizes, tiles, max(1, min(tiles, num_sms))
+
+
+def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
     abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
     device = abc_tensors[0][0].device
-    compiled, kernel = compile_grouped_gemm(problem_sizes)
+    config = config or choose_config(problem_sizes)
+    compiled, _ = compile_grouped_gemm(config)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sizes, tiles, ctas = launch_plan(problem_sizes, config, num_sms)
 
-    sizes = torch.tensor(kernel.problem_sizes, dtype=torch.int32, device=device)
-    abc_ptrs = torch.tensor(
-        [(a.data_ptr(), b.data_ptr(), c.data_ptr()) for a, b, c in abc_tensors],
-        dtype=torch.int64, device=device)
-    sf_ptrs = torch.tensor(
-        [(sfa.data_ptr(), sfb.data_ptr()) for sfa, sfb in sfasfb_reordered_tensors],
-        dtype=torch.int64, device=device)
-    # torch allocations are at least 256-byte aligned, as the descriptors need.
-    tensormaps = torch.empty((kernel.num_ctas, TENSORMAP_I64_PER_CTA), dtype=torch.int64, device=device)
+    def roles(a, b, c, sfa, sfb):
+        return ((b, a, c), (sfb, sfa)) if config.swap_ab else ((a, b, c), (sfa, sfb))
 
-    def gmem(dtype, tensor, align):
+    abc_rows, sf_rows = [], []
+    for (a, b, c), (sfa, sfb) in zip(abc_tensors, sfasfb_reordered_tensors):
+        abc, sf = roles(a, b, c, sfa, sfb)
+        abc_rows.append([t.data_ptr() for t in abc])
+        sf_rows.append([t.data_ptr() for t in sf])
+    size_table = torch.tensor(sizes, dtype=torch.int32, device=device)
+    abc_table = torch.tensor(abc_rows, dtype=torch.int64, device=device)
+    sf_table = torch.tensor(sf_rows, dtype=torch.int64, device=device)
+    tensormaps = torch.empty((ctas, TENSORMAP_I64_PER_CTA), dtype=torch.int64, device=device)
+
+    def gmem(dtype, tensor, align=16):
         return make_ptr(dtype, tensor.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
 
-    compiled(
-        gmem(cutlass.Int32, sizes, 16), gmem(cutlass.Int64, abc_ptrs, 16),
-        gmem(cutlass.Int64, sf_ptrs, 16), gmem(cutlass.Int64, tensormaps, BYTES_PER_TENSORMAP),
-        cutlass.Int32(kernel.num_ctas), cutlass_torch.current_stream())
+    compiled(gmem(cutlass.Int32, size_table), gmem(cutlass.Int64, abc_table), gmem(cutlass.Int64, sf_table),
+             gmem(cutlass.Int64, tensormaps, BYTES_PER_TENSORMAP), cutlass.Int32(len(sizes)),
+             cutlass.Int32(tiles), cutlass.Int32(ctas), cutlass_torch.current_stream())
     return [c for _, _, c in abc_tensors]
 
 
