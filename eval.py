@@ -443,47 +443,111 @@ def ptx_text(compiled) -> str:
     """The PTX the DSL kept: its text, or (some releases and settings) the path
     of the file it was dumped to."""
     ptx = compiled.artifacts.PTX or ""
-    if ptx and not ptx.lstrip().startswith(("//", ".")) and os.path.isfile(ptx.strip()):
-        ptx = Path(ptx.strip()).read_text()
+    if ptx and not ptx.lstrip().startswith(("//", ".")):
+        path = Path(ptx.strip())
+        if not path.is_file():
+            raise RuntimeError(f"the DSL names a PTX file that does not exist: {path}")
+        ptx = path.read_text()
     return ptx
 
 
-def compile_all(shape_sets: list, arch: str) -> list:
-    """Compile the B200 kernel for each shape set; one result dict each.
+# What the B200 kernel's PTX must contain (name: pattern). Counts go into the report.
+PTX_FEATURES = {
+    "block_scaled_fp4_mma": r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.block16",
+    "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier",
+    "tma_store": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta",
+    "tensormap_replace": r"tensormap\.replace",
+    "tensormap_fence": r"fence\.proxy\.tensormap::generic\.(release|acquire)",
+    "scale_factor_copy": r"tcgen05\.cp\.cta_group::1",
+    "tmem_load": r"tcgen05\.ld\.sync",
+    "tmem_alloc": r"tcgen05\.alloc\.cta_group::1",
+    "mbarrier_init": r"mbarrier\.init\.shared",
+}
+PTX_THREADS = re.compile(r"\.reqntid (\d+), 1, 1")
 
-    Must run in a process where cutlass is not yet imported or CUTE_DSL_ARCH
-    was already `arch` when it was."""
+
+def ptx_features(ptx: str) -> dict:
+    found = {name: len(re.findall(pattern, ptx)) for name, pattern in PTX_FEATURES.items()}
+    threads = PTX_THREADS.search(ptx)
+    found["threads_per_cta"] = int(threads[1]) if threads else None
+    return found
+
+
+def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
+    """Compile one tile configuration in this process; a result dict.
+
+    Must run in a fresh process: CuTe DSL takes its target from CUTE_DSL_ARCH,
+    and some releases (4.3.x) compile once and then stop at cuInit without a GPU,
+    leaving only the PTX in the dump folder."""
     import tempfile
-    os.environ["CUTE_DSL_ARCH"] = arch
-    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
-    # The DSL also writes what it keeps to a folder (the working directory by default).
-    os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvfp4-compile-"))
-    import cutlass
+    dump_dir = tempfile.mkdtemp(prefix="nvfp4-compile-")
+    os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ptx", CUTE_DSL_KEEP_PTX="1",
+                      CUTE_DSL_DUMP_DIR=dump_dir)
+    import importlib.metadata
     import submission
-    ptxas = find_ptxas()
-    results = []
-    for name, sizes in shape_sets:
-        row = {"case": name, "problem_sizes": sizes, "arch": arch,
-               "cutlass_dsl": getattr(cutlass, "__version__", "?"), "ok": False}
+    row = {"config": config_name, "arch": arch, "ok": False,
+           "cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl")
+           if _has_distribution("nvidia-cutlass-dsl") else "?"}
+    config = submission.TILE_CONFIGS[config_name]
+    start = time.perf_counter()
+    ptx, stopped_at = "", None
+    kernel = submission.Sm100GroupedGemmKernel(config)
+    try:
+        ptx = ptx_text(submission.compile_kernel(kernel))
+    except Exception as error:  # 4.3.x: PTX written, then cuInit fails without a GPU
+        stopped_at = describe_error(error)
+    row["compile_s"] = round(time.perf_counter() - start, 3)
+    if not ptx:
+        dumped = sorted(Path(dump_dir).glob("*.ptx"))
+        ptx = dumped[-1].read_text() if dumped else ""
+    if stopped_at:
+        row["stopped"] = stopped_at[:300]
+    try:
+        if not ptx:
+            raise RuntimeError(f"no PTX: {stopped_at or 'the DSL kept none'}")
+        row.update(stages_ab=kernel.num_ab_stages, stages_acc=kernel.num_acc_stages,
+                   stages_c=kernel.num_c_stages, dynamic_smem_bytes=kernel.smem_bytes)
+        row["ptx_features"] = ptx_features(ptx)
+        if keep_dir:
+            Path(keep_dir).mkdir(parents=True, exist_ok=True)
+            row["ptx_file"] = str(Path(keep_dir) / f"{config_name}.{arch}.ptx")
+            Path(row["ptx_file"]).write_text(ptx.replace("\x00", ""))
+        ptxas = find_ptxas()
+        if ptxas is None:
+            raise RuntimeError("ptxas not found (set PTXAS or put CUDA's bin on PATH)")
+        row.update(ptxas_report(ptx, arch, ptxas))
+        row["ok"] = row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
+        if not row["ok"]:
+            row["error"] = "register spills"
+    except Exception as error:
+        row["error"] = describe_error(error)
+    return row
+
+
+def _has_distribution(name: str) -> bool:
+    import importlib.metadata
+    try:
+        importlib.metadata.version(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def compile_configs(arch: str, keep_dir: Optional[str]) -> list:
+    """Compile every tile configuration, each in its own process."""
+    import submission
+    rows = []
+    for name in submission.TILE_CONFIGS:
+        args = [sys.executable, "-W", "ignore", str(ROOT / "eval.py"), "compile-one", name, "--arch", arch]
+        if keep_dir:
+            args += ["--keep", keep_dir]
+        done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
         try:
-            start = time.perf_counter()
-            compiled, kernel = submission.compile_grouped_gemm(sizes)
-            row["compile_s"] = round(time.perf_counter() - start, 3)
-            row["dynamic_smem_bytes"] = kernel.smem_bytes
-            ptx = ptx_text(compiled)
-            if not ptx:
-                raise RuntimeError("the DSL kept no PTX (CUTE_DSL_KEEP must include ptx)")
-            row["tcgen05_mma"] = "tcgen05.mma" in ptx
-            if ptxas is None:
-                raise RuntimeError("ptxas not found (set PTXAS or put CUDA's bin on PATH)")
-            row.update(ptxas_report(ptx, arch, ptxas))
-            row["ok"] = row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
-            if not row["ok"]:
-                row["error"] = "register spills"
-        except Exception as error:
-            row["error"] = describe_error(error)
-        results.append(row)
-    return results
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        except (IndexError, json.JSONDecodeError):
+            rows.append({"config": name, "arch": arch, "ok": False,
+                         "error": f"compile process failed: {(done.stderr or done.stdout)[-1500:]}"})
+    return rows
 
 
 def task_shape_sets(which: str = "all") -> list:
@@ -496,30 +560,72 @@ def task_shape_sets(which: str = "all") -> list:
     return sets
 
 
-def print_compile_table(results: list):
-    print(f"{'case':<15} {'groups':>6} {'compile s':>9} {'regs':>5} {'smem B':>7} "
+def contract_shape_sets(count: int = 24, seed: int = 2024) -> list:
+    """A spread of contract-valid shape sets: G 1..64, M 1..1024, N multiples of
+    128 up to 8192, K multiples of 256 up to 8192 (fixed seed, with the extremes)."""
+    import random
+    rng = random.Random(seed)
+    sets = [("contract[min]", [(1, 128, 256, 1)]),
+            ("contract[max]", [(1024, 8192, 8192, 1)] * 64)]
+    for i in range(count - 2):
+        g = rng.choice([1, 2, 3, 8, 16, 32, 64]) if i % 3 else rng.randint(1, 64)
+        sets.append((f"contract[{i}]", [(rng.randint(1, 1024), 128 * rng.randint(1, 64),
+                                         256 * rng.randint(1, 32), 1) for _ in range(g)]))
+    return sets
+
+
+def print_compile_table(rows: list):
+    print(f"{'config':<14} {'compile s':>9} {'regs':>5} {'smem B':>7} {'stages ab/acc/c':>15} "
           f"{'spill B':>7} {'stack B':>7}  status")
-    for r in results:
+    for r in rows:
         spill = r.get("spill_store_bytes", 0) + r.get("spill_load_bytes", 0)
-        print(f"{r['case']:<15} {len(r['problem_sizes']):>6} {r.get('compile_s', float('nan')):>9.2f} "
-              f"{r.get('registers', '-'):>5} {r.get('dynamic_smem_bytes', '-') or '-':>7} "
+        stages = (f"{r['stages_ab']}/{r['stages_acc']}/{r['stages_c']}" if "stages_ab" in r else "-")
+        print(f"{r['config']:<14} {r.get('compile_s', float('nan')):>9.2f} {r.get('registers', '-'):>5} "
+              f"{r.get('dynamic_smem_bytes', '-'):>7} {stages:>15} "
               f"{spill if 'registers' in r else '-':>7} {r.get('stack_bytes', '-'):>7}  "
-              f"{'ok' if r['ok'] else 'FAIL: ' + r.get('error', '')}")
+              f"{'ok' if r['ok'] else 'FAIL: ' + r.get('error', '')}"
+              + (f" (then: {r['stopped'][:80]})" if r.get("stopped") else ""))
+
+
+def shape_plans(shape_sets: list) -> list:
+    """For each shape set: the configuration the cost model picks and its launch plan."""
+    import submission
+    plans = []
+    for name, sizes in shape_sets:
+        config = submission.choose_config(sizes)
+        _, tiles, ctas = submission.launch_plan(sizes, config, submission.SM100_SM_COUNT)
+        plans.append({"case": name, "groups": len(sizes), "config": config.name,
+                      "tiles": tiles, "ctas": ctas, "problem_sizes": [list(s) for s in sizes]})
+    return plans
 
 
 def command_compile(options) -> int:
+    if options.command == "compile-one":
+        print(json.dumps(compile_one(options.config, options.arch, options.keep)))
+        return EXIT_OK
+    rows = compile_configs(options.arch, options.keep)
+    dsl = rows[0].get("cutlass_dsl", "?") if rows else "?"
+    print(f"B200 kernel compiled for {options.arch} with nvidia-cutlass-dsl {dsl} (no GPU needed); "
+          "one kernel per tile configuration serves every shape set; ptxas -v per kernel "
+          "(smem B = dynamic shared memory):")
+    print_compile_table(rows)
+    compiled = {r["config"] for r in rows if r["ok"]}
     shape_sets = task_shape_sets(options.which)
     if options.shape:
         shape_sets = [("custom", problem_sizes_of(parse_test_line(options.shape)))]
-    results = compile_all(shape_sets, options.arch)
-    print(f"B200 kernel compiled for {options.arch} with nvidia-cutlass-dsl "
-          f"{results[0]['cutlass_dsl'] if results else '?'} (no GPU needed); ptxas -v per kernel "
-          "(smem B = dynamic shared memory the kernel allocates):")
-    print_compile_table(results)
+    elif options.which == "all":
+        shape_sets += contract_shape_sets()
+    plans = shape_plans(shape_sets)
+    print(f"\nShape sets ({len(plans)}): the configuration the cost model picks, tiles and CTAs; "
+          "each is served by the kernel compiled above:")
+    for p in plans:
+        status = "ok" if p["config"] in compiled else "FAIL: its configuration did not compile"
+        print(f"  {p['case']:<15} G={p['groups']:<3} {p['config']:<14} tiles {p['tiles']:>5}  "
+              f"CTAs {p['ctas']:>3}  {status}")
     if options.json:
-        Path(options.json).write_text(json.dumps(results, indent=1))
-    failed = [r for r in results if not r["ok"]]
-    print(f"{len(results) - len(failed)} compiled, {len(failed)} failed")
+        Path(options.json).write_text(json.dumps({"kernels": rows, "shape_sets": plans}, indent=1))
+    failed = [r for r in rows if not r["ok"]] + [p for p in plans if p["config"] not in compiled]
+    print(f"{len(rows)} kernels, {len(plans)} shape sets, {len(failed)} failures")
     return EXIT_OK if not failed else 1
 
 
@@ -693,11 +799,18 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--case", type=int, help="only this case (0-based) of the file")
         p.add_argument("--shape", help="a custom case in test-file syntax instead of the task's")
-    p = sub.add_parser("compile", help="compile the B200 kernel for every task shape, no GPU needed")
+    p = sub.add_parser("compile", help="compile the B200 kernel (every tile configuration) and "
+                       "plan every task shape, no GPU needed")
     p.add_argument("--arch", default="sm_100a")
-    p.add_argument("--which", choices=("all", "tests", "benchmarks"), default="all")
-    p.add_argument("--shape", help="compile this case (test-file syntax) only")
+    p.add_argument("--which", choices=("all", "tests", "benchmarks"), default="all",
+                   help="task shape sets to plan ('all' adds a spread of contract-valid ones)")
+    p.add_argument("--shape", help="plan this case (test-file syntax) only")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--keep", help="keep each kernel's PTX in this folder")
+    p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
+    p.add_argument("config")
+    p.add_argument("--arch", default="sm_100a")
+    p.add_argument("--keep")
     return parser
 
 
@@ -710,7 +823,7 @@ def main(argv: list) -> int:
     options = parser.parse_args(argv)
     if options.command is None:
         options = parser.parse_args(["all"])
-    if options.command == "compile":
+    if options.command in ("compile", "compile-one"):
         return command_compile(options)
     return command_run(options)
 

@@ -428,7 +428,8 @@ class Sm100GroupedGemmKernel:
                 cute.struct.MemRange[cutlass.Int64, TENSORMAP_I64_PER_CTA], BYTES_PER_TENSORMAP]
             ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
             acc_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_acc_stages]
-            tmem_holding_buf: cutlass.Int32
+            # a one-element range: .data_ptr() exists in every supported DSL release
+            tmem_holding_buf: cute.struct.MemRange[cutlass.Int32, 1]
             # (EPI_TILE_M, EPI_TILE_N, STAGE)
             sC: cute.struct.Align[
                 cute.struct.MemRange[C_DTYPE, cute.cosize(self.c_smem_layout_staged.outer)], 1024]
@@ -653,7 +654,7 @@ class Sm100GroupedGemmKernel:
 
         tmem_alloc_barrier.arrive_and_wait()  # epilogue warp 0 has allocated TMEM
         acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
-            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.ptr)
+            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.data_ptr())
         # (MMA, MMA_M, MMA_N, ACC_STAGE)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
         # Scale factors of one K stage live after the accumulator stages.
@@ -731,10 +732,10 @@ class Sm100GroupedGemmKernel:
         tensormap_manager.init_tensormap_from_atom(tma_atom_c, tensormap_c_smem, EPILOGUE_WARPS[0])
         if leader:
             cpasync.prefetch_descriptor(tma_atom_c)
-            cute.arch.alloc_tmem(TMEM_COLUMNS, storage.tmem_holding_buf.ptr)
+            cute.arch.alloc_tmem(TMEM_COLUMNS, storage.tmem_holding_buf.data_ptr())
         tmem_alloc_barrier.arrive_and_wait()
         acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
-            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.ptr)
+            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.data_ptr())
         # (MMA, MMA_M, MMA_N, ACC_STAGE)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
         # (EPI_TILE_M, EPI_TILE_N, STAGE)
@@ -843,13 +844,17 @@ def compile_grouped_gemm(config: TileConfig):
     key = (config, target_arch())
     if key not in _compiled:
         kernel = Sm100GroupedGemmKernel(config)
-        null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
-        compiled = cute.compile(
-            kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
-            null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1),
-            cutlass.Int32(1), make_fake_stream())
-        _compiled[key] = (compiled, kernel)
+        _compiled[key] = (compile_kernel(kernel), kernel)
     return _compiled[key]
+
+
+def compile_kernel(kernel: Sm100GroupedGemmKernel):
+    """cute.compile with placeholder arguments: only their types matter."""
+    null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
+    return cute.compile(
+        kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
+        null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1),
+        cutlass.Int32(1), make_fake_stream())
 
 
 def launch_plan(problem_sizes, config: TileConfig, num_sms: int):
