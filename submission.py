@@ -161,6 +161,12 @@ def ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def check_budget(config_name: str, what: str, needed: int, available: int) -> None:
+    """Trace-time check (plain Python, outside the DSL's control flow)."""
+    if needed > available:
+        raise ValueError(f"{config_name}: {needed} {what} needed, {available} available")
+
+
 def acc_stages(config: TileConfig) -> int:
     """Accumulator buffers in TMEM: two (epilogue of one tile overlaps the
     mainloop of the next) unless two MMA-N-wide fp32 accumulators and the
@@ -298,6 +304,16 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
 # =============================================================================
 # The B200 kernel
 # =============================================================================
+class SmemTensors(NamedTuple):
+    """One CTA's shared-memory tensors (stage-indexed) and the TMEM address slot."""
+    a: object
+    b: object
+    sfa: object
+    sfb: object
+    c: object
+    tmem_holding: object  # where tcgen05.alloc writes the TMEM base address
+
+
 class SmemLayouts(NamedTuple):
     """Shared-memory layouts of one configuration, as the device code receives them."""
     a: object  # (MMA, MMA_M, MMA_K, STAGE), swizzled
@@ -446,8 +462,7 @@ class Sm100GroupedGemmKernel:
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        if cutlass.const_expr(self.smem_bytes > SMEM_CAPACITY):
-            raise ValueError(f"{self.config.name}: {self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
+        check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
 
         problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
         abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
@@ -499,6 +514,17 @@ class Sm100GroupedGemmKernel:
         _, _, grid_z = cute.arch.grid_dim()
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
+        # Everything the roles use from shared memory, so that no role needs
+        # the storage struct itself (older DSL releases cannot carry it into
+        # dynamic branches).
+        smem = SmemTensors(
+            a=storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner),
+            b=storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner),
+            sfa=storage.sSFA.get_tensor(layouts.sfa),
+            sfb=storage.sSFB.get_tensor(layouts.sfb),
+            c=storage.sC.get_tensor(layouts.c.outer, swizzle=layouts.c.inner),
+            tmem_holding=storage.tmem_holding_buf.data_ptr(),
+        )
         ab_pipeline = pipeline.PipelineTmaUmma.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_ab_stages,
@@ -526,16 +552,16 @@ class Sm100GroupedGemmKernel:
 
         if warp_idx == TMA_WARP:
             self.tma_producer(
-                layouts, storage, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem, tensormap_gmem,
+                layouts, smem, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem, tensormap_gmem,
                 tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
                 tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, abc_ptrs, sf_ptrs, bidz, grid_z)
         if warp_idx == MMA_WARP:
             self.mma_issuer(
-                layouts, storage, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
+                layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
                 tmem_alloc_barrier, bidz, grid_z)
         if warp_idx < MMA_WARP:
             self.epilogue(
-                layouts, storage, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem[4],
+                layouts, smem, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem[4],
                 tensormap_gmem[4], tiled_mma, tCtAcc_fake, tmem_alloc_barrier,
                 tma_atom_c, mC_mnl, abc_ptrs, bidz, grid_z)
 
@@ -577,7 +603,7 @@ class Sm100GroupedGemmKernel:
     # Warp 5: TMA producer
     # -------------------------------------------------------------------------
     @cute.jit
-    def tma_producer(self, layouts, storage, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem,
+    def tma_producer(self, layouts, smem, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem,
                      tensormap_gmem, tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
                      tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, abc_ptrs, sf_ptrs, bidz, grid_z):
         atoms = (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb)
@@ -586,10 +612,7 @@ class Sm100GroupedGemmKernel:
             tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], TMA_WARP)
 
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory stages
-        sA = storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner)
-        sB = storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner)
-        sSFA = storage.sSFA.get_tensor(layouts.sfa)
-        sSFB = storage.sSFB.get_tensor(layouts.sfb)
+        sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
         thr_mma = tiled_mma.get_slice(0)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), REST_M/N, REST_K, REST_L)
         tile_k = cute.slice_(self.tile_mnk, (None, 0, None))
@@ -642,19 +665,16 @@ class Sm100GroupedGemmKernel:
     # Warp 4: MMA issuer
     # -------------------------------------------------------------------------
     @cute.jit
-    def mma_issuer(self, layouts, storage, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
+    def mma_issuer(self, layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
                    tmem_alloc_barrier, bidz, grid_z):
-        sA = storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner)
-        sB = storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner)
-        sSFA = storage.sSFA.get_tensor(layouts.sfa)
-        sSFB = storage.sSFB.get_tensor(layouts.sfb)
+        sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory descriptors
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
 
         tmem_alloc_barrier.arrive_and_wait()  # epilogue warp 0 has allocated TMEM
         acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
-            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.data_ptr())
+            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=smem.tmem_holding)
         # (MMA, MMA_M, MMA_N, ACC_STAGE)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
         # Scale factors of one K stage live after the accumulator stages.
@@ -670,8 +690,7 @@ class Sm100GroupedGemmKernel:
         tmem_columns = (tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
                         + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
                         + tcgen05.find_tmem_tensor_col_offset(tCtSFB))
-        if cutlass.const_expr(tmem_columns > TMEM_COLUMNS):
-            raise ValueError(f"{self.config.name}: {tmem_columns} TMEM columns needed, {TMEM_COLUMNS} exist")
+        check_budget(self.config.name, "TMEM columns", tmem_columns, TMEM_COLUMNS)
         copy_sfa, tCsSFA_s2t, tCtSFA_s2t = self.s2t_copy_and_partition(sSFA, tCtSFA)
         copy_sfb, tCsSFB_s2t, tCtSFB_s2t = self.s2t_copy_and_partition(sSFB, tCtSFB)
         num_kblocks = cute.size(tCrA, mode=[2])
@@ -721,7 +740,7 @@ class Sm100GroupedGemmKernel:
     # Warps 0-3: epilogue
     # -------------------------------------------------------------------------
     @cute.jit
-    def epilogue(self, layouts, storage, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_c_smem,
+    def epilogue(self, layouts, smem, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_c_smem,
                  tensormap_c_gmem, tiled_mma, tCtAcc_fake, tmem_alloc_barrier, tma_atom_c, mC_mnl,
                  abc_ptrs, bidz, grid_z):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -732,14 +751,14 @@ class Sm100GroupedGemmKernel:
         tensormap_manager.init_tensormap_from_atom(tma_atom_c, tensormap_c_smem, EPILOGUE_WARPS[0])
         if leader:
             cpasync.prefetch_descriptor(tma_atom_c)
-            cute.arch.alloc_tmem(TMEM_COLUMNS, storage.tmem_holding_buf.data_ptr())
+            cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding)
         tmem_alloc_barrier.arrive_and_wait()
         acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
-            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=storage.tmem_holding_buf.data_ptr())
+            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=smem.tmem_holding)
         # (MMA, MMA_M, MMA_N, ACC_STAGE)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
         # (EPI_TILE_M, EPI_TILE_N, STAGE)
-        sC = storage.sC.get_tensor(layouts.c.outer, swizzle=layouts.c.inner)
+        sC = smem.c
         # (MMA, MMA_M, MMA_N, REST_M, REST_N, REST_L) over the placeholder D'
         tCgC = tiled_mma.get_slice(0).partition_C(
             cute.local_tile(mC_mnl, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None)))
