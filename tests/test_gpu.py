@@ -91,3 +91,16 @@ def test_generate_input_is_the_leaderboards_bit_for_bit(case):
 @pytest.mark.parametrize("case", BENCHMARK_CASES, ids=lambda c: c.spec)
 def test_b200_kernel_on_benchmark_shapes(case):
     run_and_check(generate_input(**case.args))
+
+
+@needs_b200
+@pytest.mark.parametrize("config", list(submission.TILE_CONFIGS))
+@pytest.mark.parametrize("case", TEST_CASES, ids=lambda c: c.spec)
+def test_b200_every_configuration_on_every_test_shape(case, config):
+    data = generate_input(**case.args)
+    for _, _, c in data[0]:
+        c.fill_(float("nan"))
+    output = submission.run_b200(data, submission.TILE_CONFIGS[config])
+    torch.cuda.synchronize()
+    ok, message = check_implementation(data, output)
+    assert ok, message
