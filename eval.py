@@ -631,6 +631,36 @@ def command_compile(options) -> int:
 
 
 # =============================================================================
+# Cost model report (model figures, not measurements)
+# =============================================================================
+def command_model(options) -> int:
+    import submission
+    cases = read_test_file(BENCHMARKS_FILE)
+    if options.shape:
+        cases = [TestCase(args=parse_test_line(options.shape), spec=options.shape)]
+    names = list(submission.TILE_CONFIGS)
+    print("MODEL FIGURES for a B200, not measurements (assumptions: submission.py, 'Cost model'):")
+    print(f"  {'#':>2} {'chosen':<14} {'model us':>9} {'SOL us':>7} {'SOL/model':>9}  "
+          + "  ".join(f"{n + ' us':>16}" for n in names) + "  shape")
+    chosen_times = []
+    for i, case in enumerate(cases):
+        sizes = problem_sizes_of(case.args)
+        estimates = {n: submission.model_time_us(sizes, c) for n, c in submission.TILE_CONFIGS.items()}
+        chosen = submission.choose_config(sizes).name
+        model_us = estimates[chosen].time_us
+        sol_us = b200_speed_of_light_ns(sizes) / 1e3
+        chosen_times.append(model_us)
+        print(f"  {i:>2} {chosen:<14} {model_us:>9.2f} {sol_us:>7.3f} {sol_us / model_us:>9.2f}  "
+              + "  ".join(f"{estimates[n].time_us:>16.2f}" for n in names) + f"  {short_spec(sizes)}")
+    geomean = math.exp(sum(math.log(t) for t in chosen_times) / len(chosen_times))
+    sol = math.exp(sum(math.log(b200_speed_of_light_ns(problem_sizes_of(c.args)) / 1e3)
+                       for c in cases) / len(cases))
+    print(f"  modeled geometric mean: {geomean:.2f} us (speed of light {sol:.2f} us, "
+          f"ratio {sol / geomean:.2f})")
+    return EXIT_OK
+
+
+# =============================================================================
 # People's CLI
 # =============================================================================
 def environment_line() -> tuple:
@@ -808,6 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", help="plan this case (test-file syntax) only")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--keep", help="keep each kernel's PTX in this folder")
+    p = sub.add_parser("model", help="the cost model's choice and modeled B200 time per benchmark "
+                       "(model figures, not measurements)")
+    p.add_argument("--shape", help="model this case (test-file syntax) instead of the benchmarks")
     p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
     p.add_argument("config")
     p.add_argument("--arch", default="sm_100a")
@@ -826,6 +859,8 @@ def main(argv: list) -> int:
         options = parser.parse_args(["all"])
     if options.command in ("compile", "compile-one"):
         return command_compile(options)
+    if options.command == "model":
+        return command_model(options)
     return command_run(options)
 
 

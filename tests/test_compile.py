@@ -164,3 +164,39 @@ print(json.dumps({"compiles": len(calls), "plans": plans, "cached": len(submissi
     assert [same for same, _ in result["plans"]] == [True, True, True]
     # the plans differ: the sizes are run-time arguments of the one kernel
     assert [plan for _, plan in result["plans"]] == [[3, 3], [11, 11], [8 * 56, 148]]
+
+
+# ---- the cost model (host only) ------------------------------------------------
+def test_model_picks_the_fastest_modeled_configuration():
+    for case in TEST_CASES + BENCHMARK_CASES:
+        sizes = [(m, n, k, 1) for m, n, k in zip(case.args["m"], case.args["n"], case.args["k"])]
+        times = {name: submission.model_time_us(sizes, c).time_us
+                 for name, c in submission.TILE_CONFIGS.items()}
+        assert submission.choose_config(sizes).name == min(times, key=times.get)
+
+
+def test_model_is_bounded_by_dram_and_grows_with_work():
+    config = submission.TILE_CONFIGS["128x128"]
+    small = submission.model_time_us([(128, 4096, 1536, 1)], config)
+    large = submission.model_time_us([(128, 4096, 1536 * 4, 1)], config)
+    assert large.time_us > small.time_us
+    for est in (small, large):
+        assert est.time_us >= est.dram_us and est.time_us >= est.busiest_cta_us
+    many = submission.model_time_us([(128, 8192, 8192, 1)] * 64, config)
+    assert many.ctas == submission.SM100_SM_COUNT and many.tiles == 64 * 64
+
+
+def test_swapped_configuration_sees_transposed_problems():
+    swap = submission.TILE_CONFIGS["swap-128x256"]
+    assert submission.kernel_problem((40, 7168, 2048, 1), swap) == (7168, 40, 2048, 1)
+    assert submission.tile_count([(40, 7168, 2048, 1)], swap) == 56  # one token tile
+    assert submission.tile_count([(40, 7168, 2048, 1)], submission.TILE_CONFIGS["128x128"]) == 56
+
+
+def test_eval_model_prints_a_modeled_geometric_mean():
+    done = subprocess.run([sys.executable, "eval.py", "model"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MODEL FIGURES for a B200, not measurements")
+    geomean = re.search(r"modeled geometric mean: ([\d.]+) us \(speed of light 5\.21 us", done.stdout)
+    assert geomean and float(geomean[1]) > 5.21
