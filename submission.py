@@ -582,7 +582,7 @@ class Sm100GroupedGemmKernel:
         """A' (M', K), B' (N', K), SFA', SFB' of `group` with their real extents."""
         mp = problem_sizes[group, 0]
         np_ = problem_sizes[group, 1]
-        k = problem_sizes[group, 2]
+        k = cute.assume(problem_sizes[group, 2], K_MULTIPLE)  # checked on the host
 
         def gmem(dtype, address):  # the host checked the alignment
             return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES)
