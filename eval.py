@@ -661,6 +661,31 @@ def command_model(options) -> int:
 
 
 # =============================================================================
+# Host overhead of custom_kernel (hostbench.py)
+# =============================================================================
+def command_overhead(options) -> int:
+    import torch
+    import hostbench
+    cases = read_test_file(BENCHMARKS_FILE)
+    if options.case is not None:
+        cases = [cases[options.case]]
+    where = (f"on {torch.cuda.get_device_name()}" if torch.cuda.is_available()
+             else "on the CPU (no GPU: preparation only)")
+    print(f"Host microseconds per custom_kernel call {where}, median of passes over "
+          f"{hostbench.NUM_INPUTS} inputs called back to back:")
+    keys = None
+    for i, case in enumerate(cases):
+        results = hostbench.measure(case.args, repeats=options.repeats)
+        if "kernel" in results:
+            print(f"  launches go to the {results.pop('kernel')}")
+        keys = keys or list(results)
+        print(f"  benchmark {i} ({short_spec(problem_sizes_of(case.args))}):")
+        for key in keys:
+            print(f"    {key:<40} {results[key]:>8.2f} us")
+    return EXIT_OK
+
+
+# =============================================================================
 # People's CLI
 # =============================================================================
 def environment_line() -> tuple:
@@ -841,6 +866,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("model", help="the cost model's choice and modeled B200 time per benchmark "
                        "(model figures, not measurements)")
     p.add_argument("--shape", help="model this case (test-file syntax) instead of the benchmarks")
+    p = sub.add_parser("overhead", help="host microseconds per custom_kernel call: warm, cold, "
+                       "preparation and launch, against the seed's host path")
+    p.add_argument("--case", type=int, help="only this benchmark (0-based)")
+    p.add_argument("--repeats", type=int, default=20)
     p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
     p.add_argument("config")
     p.add_argument("--arch", default="sm_100a")
@@ -861,6 +890,8 @@ def main(argv: list) -> int:
         return command_compile(options)
     if options.command == "model":
         return command_model(options)
+    if options.command == "overhead":
+        return command_overhead(options)
     return command_run(options)
 
 

@@ -72,6 +72,8 @@ only this file.
 import dataclasses
 import functools
 import os
+import weakref
+from collections import OrderedDict
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
@@ -893,39 +895,10 @@ def launch_plan(problem_sizes, config: TileConfig, num_sms: int):
     return sizes, tiles, max(1, min(tiles, num_sms))
 
 
-def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
-    abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
-    device = abc_tensors[0][0].device
-    config = config or choose_config(problem_sizes)
-    compiled, _ = compile_grouped_gemm(config)
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    sizes, tiles, ctas = launch_plan(problem_sizes, config, num_sms)
-
-    def roles(a, b, c, sfa, sfb):
-        return ((b, a, c), (sfb, sfa)) if config.swap_ab else ((a, b, c), (sfa, sfb))
-
-    abc_rows, sf_rows = [], []
-    for (a, b, c), (sfa, sfb) in zip(abc_tensors, sfasfb_reordered_tensors):
-        abc, sf = roles(a, b, c, sfa, sfb)
-        abc_rows.append([t.data_ptr() for t in abc])
-        sf_rows.append([t.data_ptr() for t in sf])
-    size_table = torch.tensor(sizes, dtype=torch.int32, device=device)
-    abc_table = torch.tensor(abc_rows, dtype=torch.int64, device=device)
-    sf_table = torch.tensor(sf_rows, dtype=torch.int64, device=device)
-    tensormaps = torch.empty((ctas, TENSORMAP_I64_PER_CTA), dtype=torch.int64, device=device)
-
-    def gmem(dtype, tensor, align=16):
-        return make_ptr(dtype, tensor.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
-
-    compiled(gmem(cutlass.Int32, size_table), gmem(cutlass.Int64, abc_table), gmem(cutlass.Int64, sf_table),
-             gmem(cutlass.Int64, tensormaps, BYTES_PER_TENSORMAP), cutlass.Int32(len(sizes)),
-             cutlass.Int32(tiles), cutlass.Int32(ctas), cutlass_torch.current_stream())
-    return [c for _, _, c in abc_tensors]
-
-
 # =============================================================================
 # Input validation (host only; runs before any launch)
 # =============================================================================
+@functools.lru_cache(maxsize=1024)
 def _expected_blocked_sf(rows: int, k: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """Shape and strides of a reordered scale-factor view: shape
     [32, 4, ceil(rows/128), 4, K/64, 1] over contiguous [1, ceil(rows/128), K/64, 32, 4, 4]."""
@@ -944,6 +917,19 @@ def _strides_match(tensor: torch.Tensor, expected: Tuple[int, ...]) -> bool:
 def validate_input(data) -> None:
     """Raise ValueError naming the group and the problem if `data` is not a
     well-formed input this module can compute; return None otherwise."""
+    placed = validate_structure(data)
+    # Devices last, so that everything else can be exercised on a CPU.
+    device = placed[0][2]
+    for g, name, where in placed:
+        if where.type != "cuda":
+            raise ValueError(f"group {g}: {name} is on {where}, expected a CUDA device")
+        if where != device:
+            raise ValueError(f"group {g}: {name} is on {where}, other tensors on {device}")
+
+
+def validate_structure(data) -> list:
+    """Every check of `validate_input` but the devices; returns (group, name,
+    device) of every tensor."""
     if not isinstance(data, (tuple, list)) or len(data) != 4:
         raise ValueError("data must be (abc_tensors, sfasfb_tensors, "
                          "sfasfb_reordered_tensors, problem_sizes)")
@@ -988,23 +974,161 @@ def validate_input(data) -> None:
                 raise ValueError(f"group {g}: {name} is {type(tensor).__name__}, not a torch.Tensor")
             if tensor.dtype != dtype:
                 raise ValueError(f"group {g}: {name} has dtype {tensor.dtype}, expected {dtype}")
-            if tuple(tensor.shape) != shape:
+            if tensor.shape != shape:
                 raise ValueError(f"group {g}: {name} has shape {tuple(tensor.shape)}, expected "
                                  f"{shape} for (M, N, K, L)={tuple(size)}")
-            if not _strides_match(tensor, strides):
+            # exact strides first (the leaderboard's tensors), extent-1 leniency after
+            if tensor.stride() != strides and not _strides_match(tensor, strides):
                 raise ValueError(f"group {g}: {name} has strides {tensor.stride()}, expected "
                                  f"{strides} (the leaderboard's layout)")
             if tensor.data_ptr() % PTR_ALIGN_BYTES:
                 raise ValueError(f"group {g}: {name} is not {PTR_ALIGN_BYTES}-byte aligned")
             placed.append((g, name, tensor.device))
+    return placed
 
-    # Devices last, so that the checks above can be exercised on a CPU.
-    device = placed[0][2]
-    for g, name, where in placed:
-        if where.type != "cuda":
-            raise ValueError(f"group {g}: {name} is on {where}, expected a CUDA device")
-        if where != device:
-            raise ValueError(f"group {g}: {name} is on {where}, other tensors on {device}")
+
+# =============================================================================
+# Host launcher: one plan per distinct input, launched with pre-converted arguments
+# =============================================================================
+def input_key(data) -> tuple:
+    """Identity of an input for the plan cache: the Python objects of all its
+    tensors and its problem sizes. A plan registers weak references on those
+    tensors and is dropped when any of them dies, so an id can never be reused
+    by a live tensor while a plan keyed on it exists."""
+    abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
+    return (tuple(map(id, _flatten(abc_tensors))), tuple(map(id, _flatten(sfasfb_reordered_tensors))),
+            tuple(map(tuple, problem_sizes)))
+
+
+def _flatten(groups):
+    return [t for group in groups for t in group]
+
+
+def pack_metadata(data, config: TileConfig) -> Tuple[list, int, int, int]:
+    """The kernel's per-group tables as one list of int64 words, and the word
+    offsets of its three parts:
+      abc   (G, 3) addresses of A', B', D'
+      sf    (G, 2) addresses of SFA', SFB'
+      sizes (G, 4) int32 M', N', K, L (two per word), 16-byte aligned."""
+    abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
+    abc_words, sf_words, size_words = [], [], []
+    for (a, b, c), (sfa, sfb), size in zip(abc_tensors, sfasfb_reordered_tensors, problem_sizes):
+        if config.swap_ab:
+            a, b, sfa, sfb = b, a, sfb, sfa
+        abc_words += [a.data_ptr(), b.data_ptr(), c.data_ptr()]
+        sf_words += [sfa.data_ptr(), sfb.data_ptr()]
+        mp, np_, k, l = kernel_problem(size, config)
+        size_words += [mp | (np_ << 32), k | (l << 32)]
+    sf_offset = len(abc_words)
+    sizes_offset = sf_offset + len(sf_words)
+    padding = [0] * (sizes_offset % 2)
+    return abc_words + sf_words + padding + size_words, 0, sf_offset, sizes_offset + len(padding)
+
+
+class LaunchPlan:
+    """Everything one launch of one input needs: its compiled kernel, device
+    copies of its tables, its tensormap workspace and the kernel's arguments,
+    converted once per CUDA stream."""
+
+    def __init__(self, data, config: TileConfig, compiled, device):
+        words, abc_at, sf_at, sizes_at = pack_metadata(data, config)
+        host = torch.tensor(words, dtype=torch.int64).pin_memory()
+        self.metadata = host.to(device, non_blocking=True)
+        self.metadata_host = host  # pinned source of an async copy: keep it alive
+        self.ready = torch.cuda.Event()
+        self.ready.record()  # later launches on other streams wait for the tables
+        self.device = device
+        self.build_stream = torch.cuda.current_stream(device).cuda_stream
+        sizes, tiles, ctas = launch_plan(data[3], config,
+                                         torch.cuda.get_device_properties(device).multi_processor_count)
+        self.workspace = torch.empty((ctas, TENSORMAP_I64_PER_CTA), dtype=torch.int64, device=device)
+        base = self.metadata.data_ptr()
+
+        def gmem(dtype, address, align=16):
+            return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+
+        self.args = (gmem(cutlass.Int32, base + 8 * sizes_at), gmem(cutlass.Int64, base + 8 * abc_at),
+                     gmem(cutlass.Int64, base + 8 * sf_at),
+                     gmem(cutlass.Int64, self.workspace.data_ptr(), BYTES_PER_TENSORMAP),
+                     cutlass.Int32(len(sizes)), cutlass.Int32(tiles), cutlass.Int32(ctas))
+        self.compiled = compiled
+        self.launchers = {}  # CUDA stream handle -> zero-argument launch
+        self.weak_inputs = []  # set by the launcher
+
+    def launch(self):
+        stream = torch.cuda.current_stream(self.device)
+        launch = self.launchers.get(stream.cuda_stream)
+        if launch is None:
+            if stream.cuda_stream != self.build_stream:
+                stream.wait_event(self.ready)
+            launch = self.launchers[stream.cuda_stream] = preconverted_call(
+                self.compiled, self.args + (cutlass_torch.current_stream(),))
+        launch()
+
+
+def preconverted_call(compiled, args):
+    """A zero-argument function launching `compiled(*args)`.
+
+    CuTe DSL converts every argument on every call (most of a call's host
+    time); where the release exposes the two steps (4.5 to 4.8 do), convert once
+    here and only launch later. Otherwise, the plain call."""
+    execution_args = getattr(compiled, "execution_args", None)
+    run = getattr(compiled, "run_compiled_program", None)
+    if execution_args is None or run is None or not hasattr(execution_args, "generate_execution_args"):
+        return lambda: compiled(*args)
+    converted, keep_alive = execution_args.generate_execution_args(args, {})
+
+    def launch(run=run, converted=converted, keep_alive=keep_alive):
+        run(converted)
+    return launch
+
+
+class B200Launcher:
+    """custom_kernel's B200 host path.
+
+    The first call with an input validates it and builds its LaunchPlan (cold);
+    a later call with the same tensor objects and sizes only launches (warm).
+    C is recomputed on every call: only metadata is cached, never results.
+    `compile_fn(config)` returns (compiled, kernel); tests and the host-overhead
+    benchmark pass a stand-in for GPUs that cannot run tcgen05."""
+
+    def __init__(self, compile_fn=None, max_plans: int = 64, plan_factory=None, validate=None):
+        self.compile_fn = compile_fn or compile_grouped_gemm
+        self.max_plans = max_plans  # beyond it, the oldest plan goes
+        self.plans: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
+        # Both replaceable so that the cache can be tested on a CPU.
+        self.plan_factory = plan_factory or LaunchPlan
+        self.validate = validate or validate_input
+
+    def __call__(self, data: input_t, config: Optional[TileConfig] = None) -> output_t:
+        key = input_key(data) if config is None else input_key(data) + (config.name,)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.build(data, key, config)
+        plan.launch()
+        return [c for _, _, c in data[0]]
+
+    def build(self, data, key, config: Optional[TileConfig]) -> LaunchPlan:
+        self.validate(data)
+        device = data[0][0][0].device
+        config = config or choose_config(data[3])
+        compiled, _ = self.compile_fn(config)
+        plan = self.plan_factory(data, config, compiled, device)
+
+        def forget(_ref, plans=self.plans, key=key):
+            plans.pop(key, None)
+        plan.weak_inputs = [weakref.ref(t, forget) for t in _flatten(data[0]) + _flatten(data[2])]
+        self.plans[key] = plan
+        while len(self.plans) > self.max_plans:
+            self.plans.popitem(last=False)
+        return plan
+
+
+_b200_launcher = B200Launcher()
+
+
+def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
+    return _b200_launcher(data, config)
 
 
 # =============================================================================
