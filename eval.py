@@ -453,8 +453,8 @@ def ptx_text(compiled) -> str:
 
 # What the B200 kernel's PTX must contain (name: pattern). Counts go into the report.
 PTX_FEATURES = {
-    "block_scaled_fp4_mma": r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.block16",
-    "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier",
+    "block_scaled_fp4_mma": r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.(?:block16|scale_vec::4X)",
+    "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\.tile\.mbarrier",
     "tma_store": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta",
     "tensormap_replace": r"tensormap\.replace",
     "tensormap_release": r"tensormap\.cp_fenceproxy\.global\.shared::cta\.tensormap::generic\.release",

@@ -96,11 +96,12 @@ def ptx_of(report, config):
 @pytest.mark.parametrize("config", list(submission.TILE_CONFIGS))
 def test_ptx_has_the_designed_instructions(report, config):
     kernel, ptx = ptx_of(report, config)
-    # block-scaled FP4 MMA, 4 per K stage (one per 64-wide K block)
-    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.block16", ptx)
+    # block-scaled FP4 MMA, 4 per K stage (one per 64-wide K block); 16-element scale
+    # blocks are spelled block16 (newer DSL releases) or scale_vec::4X (older)
+    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.(?:block16|scale_vec::4X)", ptx)
     assert len(mma) == submission.MMA_K_BLOCKS_PER_STAGE
     # TMA tensor loads for A', B', SFA', SFB' and a TMA store for D'
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier", ptx)) >= 4
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\.tile\.mbarrier", ptx)) >= 4
     assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
     # per-CTA descriptors rewritten in place and published with the tensormap fences
     assert "tensormap.replace" in ptx
