@@ -66,6 +66,14 @@ are compile-time; problem sizes, pointers, the group count, the tile count and
 the grid size are run-time. One compile per tile configuration and
 architecture serves every shape set (`compile_grouped_gemm`).
 
+Host path (`B200Launcher`): the first call with an input validates it and
+builds a `LaunchPlan`: its tables packed into one pinned buffer and copied to
+the device once, its tensormap workspace, and the kernel's arguments, which the
+DSL converts once per CUDA stream. Later calls with the same tensor objects
+(the leaderboard's timing loop) only launch. Plans are keyed on the identity
+of the input's tensors and its sizes and dropped when any of those tensors is
+freed; C is recomputed on every call.
+
 Standalone: imports only torch, cutlass and `task`, as the leaderboard copies
 only this file.
 """
