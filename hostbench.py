@@ -179,6 +179,12 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     results["warm.launch"] = per_call_us(lambda i: plans[i].launch(), range(len(inputs)), repeats)
     results["warm.prep"] = results["warm.total"] - results["warm.launch"]
 
+    def dispatch(data):  # what custom_kernel adds before the launcher
+        device = data[0][0][0].device
+        submission.code_path(device)
+        torch.cuda.current_device()
+    results["warm.custom_kernel dispatch"] = per_call_us(dispatch, inputs, repeats)
+
     # Cold: fresh tensors on every call (made outside the timing).
     def cold(fn):
         samples = []
