@@ -1047,12 +1047,10 @@ class LaunchPlan:
         host = torch.tensor(words, dtype=torch.int64).pin_memory()
         self.metadata = host.to(device, non_blocking=True)
         self.metadata_host = host  # pinned source of an async copy: keep it alive
-        self.ready = torch.cuda.Event()
-        self.ready.record()  # later launches on other streams wait for the tables
         self.device = device
-        self.build_stream = torch.cuda.current_stream(device).cuda_stream
-        sizes, tiles, ctas = launch_plan(data[3], config,
-                                         torch.cuda.get_device_properties(device).multi_processor_count)
+        # Launches on other streams first wait for this one (the copy above).
+        self.build_stream = torch.cuda.current_stream(device)
+        sizes, tiles, ctas = launch_plan(data[3], config, sm_count(device.index))
         self.workspace = torch.empty((ctas, TENSORMAP_I64_PER_CTA), dtype=torch.int64, device=device)
         base = self.metadata.data_ptr()
 
@@ -1073,10 +1071,15 @@ class LaunchPlan:
             launch()
             return
         stream = torch.cuda.current_stream(self.device)
-        if stream.cuda_stream != self.build_stream:
-            stream.wait_event(self.ready)  # the tables were copied on another stream
+        if stream.cuda_stream != self.build_stream.cuda_stream:
+            stream.wait_stream(self.build_stream)  # the tables were copied on another stream
         self.launchers[stream.cuda_stream] = launch_and_keep(
             self.compiled, self.args + (cutlass_torch.current_stream(),))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
