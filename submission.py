@@ -123,6 +123,16 @@ EPILOGUE_BARRIER_ID = 1  # the epilogue warps among themselves
 TMEM_ALLOC_BARRIER_ID = 2  # epilogue warps + MMA warp: TMEM address published
 ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue warp
 
+NUM_TENSORMAPS = 5  # A', B', SFA', SFB', D'
+BYTES_PER_TENSORMAP = 128
+TENSORMAP_I64_PER_CTA = NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8
+PTR_ALIGN_BYTES = 16  # TMA needs 16-byte aligned global addresses
+N_MULTIPLE = 128
+K_MULTIPLE = 256
+
+PATH_B200 = "b200-tcgen05"
+PATH_PORTABLE = "portable-torch"
+
 
 def check_warp_roles() -> None:
     """Fail on the host, before any compile, where the warp roles and the
@@ -137,17 +147,6 @@ def check_warp_roles() -> None:
         "the kernel dispatches the epilogue as warp_idx < MMA_WARP"
     assert ACC_CONSUMER_ARRIVES == len(EPILOGUE_WARPS)
     assert len({0, EPILOGUE_BARRIER_ID, TMEM_ALLOC_BARRIER_ID}) == 3
-
-NUM_TENSORMAPS = 5  # A', B', SFA', SFB', D'
-BYTES_PER_TENSORMAP = 128
-TENSORMAP_I64_PER_CTA = NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8
-# Rows of the pointer table: A', B', D' (abc) and SFA', SFB' (sf)
-PTR_ALIGN_BYTES = 16  # TMA needs 16-byte aligned global addresses
-N_MULTIPLE = 128
-K_MULTIPLE = 256
-
-PATH_B200 = "b200-tcgen05"
-PATH_PORTABLE = "portable-torch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,11 +224,6 @@ class ModelEstimate:
     busiest_cta_us: float  # streaming time of the CTA with the most work
 
 
-def _stage_bytes(config: TileConfig) -> int:
-    m, n, k = config.tile_mnk
-    return (m + n) * k // 2 + (m + n) * k // SF_VEC_SIZE
-
-
 def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT) -> ModelEstimate:
     """Modeled B200 time of one launch with `config` (see the assumptions above).
 
@@ -246,10 +240,10 @@ def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COU
         tiles += [k_stages] * (ceil_div(mp, config.mma_m) * ceil_div(np_, config.mma_n))
     ctas = min(len(tiles), num_sms)
     stages_in_flight = _compute_stages_for_model(config)
-    per_cta_bw = min(stages_in_flight * _stage_bytes(config) / MODEL_LATENCY_S,
+    per_cta_bw = min(stages_in_flight * stage_bytes(config) / MODEL_LATENCY_S,
                      MODEL_SM_LOAD_BYTES_PER_S)
     stage_flops = 2 * config.mma_m * config.mma_n * config.tile_mnk[2]
-    stage_s = max(_stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
+    stage_s = max(stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
     work = [0.0] * ctas
     for i, k_stages in enumerate(tiles):
         work[i % ctas] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
@@ -275,11 +269,11 @@ def _compute_stages_for_model(config: TileConfig) -> int:
     kernel computes the same from its layouts; a test checks they agree)."""
     c_bytes = _epilogue_buffer_bytes(config)
     tensormap_bytes = NUM_TENSORMAPS * BYTES_PER_TENSORMAP
-    return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // _stage_bytes_padded(config)
+    return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // stage_bytes(config)
 
 
-def _stage_bytes_padded(config: TileConfig) -> int:
-    # Scale-factor stages are padded to whole 128-row blocks along each side.
+def stage_bytes(config: TileConfig) -> int:
+    """Bytes of one A/B/SFA/SFB stage; scale factors come in whole 128-row blocks."""
     m, n, k = config.tile_mnk
     sf = (ceil_div(m, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
     return (m + n) * k // 2 + sf
@@ -296,10 +290,6 @@ def _epilogue_buffer_bytes(config: TileConfig) -> int:
 # =============================================================================
 # Tile scheduler
 # =============================================================================
-def _tiles_along(extent, tile: int):
-    return (extent + tile - 1) // tile
-
-
 @cute.jit
 def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                 tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
@@ -311,13 +301,13 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
     the first linear index of `group`. The search starts from the (group,
     group_first_tile) of this CTA's previous tile, since a CTA's tiles only
     move forward; `problem_sizes` is the run-time (G, 4) table M', N', K, L."""
-    tiles_m = _tiles_along(problem_sizes[group, 0], tile_m)
-    group_end = group_first_tile + tiles_m * _tiles_along(problem_sizes[group, 1], tile_n)
+    tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
+    group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     while tile >= group_end:
         group_first_tile = group_end
         group = group + 1
-        tiles_m = _tiles_along(problem_sizes[group, 0], tile_m)
-        group_end = group_first_tile + tiles_m * _tiles_along(problem_sizes[group, 1], tile_n)
+        tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
+        group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     index_in_group = tile - group_first_tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
 
