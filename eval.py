@@ -10,7 +10,9 @@ People:
     python eval.py tests [--case I]   # only the task's tests (or case I of them)
     python eval.py benchmarks [--case I]
     python eval.py --shape "m: [64, 200]; n: [256, 512]; k: [512, 256]; g: 2; seed: 7"
-    python eval.py compile            # compile the B200 kernel for sm_100a, every task shape
+    python eval.py compile            # compile the B200 kernel for sm_100a; plan every task shape
+    python eval.py model              # the cost model's choice and modeled B200 time (model figures)
+    python eval.py overhead           # host microseconds per custom_kernel call
 
 `compile` needs no GPU: CuTe DSL compiles for the architecture CUTE_DSL_ARCH
 names; the PTX goes through CUDA's `ptxas -v` for registers and spills.
