@@ -20,6 +20,7 @@ step nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max
 step python3 -c "import torch, cutlass; print('torch', torch.__version__, 'cutlass-dsl', cutlass.__version__)"
 step python3 -m pytest -q -rA -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 step python3 eval.py 2>&1 | tee "$OUT/eval.log"
+step python3 eval.py overhead 2>&1 | tee "$OUT/overhead.log"
 for mode in test benchmark; do
   file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt
   POPCORN_FD=3 python3 eval.py $mode $file 3>"$OUT/popcorn-$mode.txt"
