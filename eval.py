@@ -146,6 +146,11 @@ def dram_bytes_of(sizes) -> int:
                for m, n, k, l in sizes)
 
 
+def geometric_mean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def b200_speed_of_light_ns(sizes) -> float:
     return 1e9 * max(flops_of(sizes) / B200_FP4_FLOPS, dram_bytes_of(sizes) / B200_DRAM_BYTES_PER_S)
 
@@ -654,9 +659,8 @@ def command_model(options) -> int:
         chosen_times.append(model_us)
         print(f"  {i:>2} {chosen:<14} {model_us:>9.2f} {sol_us:>7.3f} {sol_us / model_us:>9.2f}  "
               + "  ".join(f"{estimates[n].time_us:>16.2f}" for n in names) + f"  {short_spec(sizes)}")
-    geomean = math.exp(sum(math.log(t) for t in chosen_times) / len(chosen_times))
-    sol = math.exp(sum(math.log(b200_speed_of_light_ns(problem_sizes_of(c.args)) / 1e3)
-                       for c in cases) / len(cases))
+    geomean = geometric_mean(chosen_times)
+    sol = geometric_mean(b200_speed_of_light_ns(problem_sizes_of(c.args)) / 1e3 for c in cases)
     print(f"  modeled geometric mean: {geomean:.2f} us (speed of light {sol:.2f} us, "
           f"ratio {sol / geomean:.2f})")
     return EXIT_OK
@@ -668,7 +672,7 @@ def command_model(options) -> int:
 def command_overhead(options) -> int:
     import torch
     import hostbench
-    cases = read_test_file(BENCHMARKS_FILE)
+    cases = list(enumerate(read_test_file(BENCHMARKS_FILE)))
     if options.case is not None:
         cases = [cases[options.case]]
     where = (f"on {torch.cuda.get_device_name()}" if torch.cuda.is_available()
@@ -676,7 +680,7 @@ def command_overhead(options) -> int:
     print(f"Host microseconds per custom_kernel call {where}, median of passes over "
           f"{hostbench.NUM_INPUTS} inputs called back to back:")
     keys = None
-    for i, case in enumerate(cases):
+    for i, case in cases:
         results = hostbench.measure(case.args, repeats=options.repeats)
         if "kernel" in results:
             print(f"  launches go to the {results.pop('kernel')}")
@@ -779,7 +783,7 @@ def print_report(rows: list, path: str):
                 print(f"  {r['index']:>2} {'FAIL':<6} {'':>9} {'':>9} {'':>8} {sol_us:>7.3f} "
                       f"{'':>6}  {short_spec(r['sizes'])}\n       {r['message'][:600]}")
         if means and len(means) == len(benches):
-            geomean = math.exp(sum(math.log(m) for m in means) / len(means))
+            geomean = geometric_mean(means)
             print(f"  geometric mean: {geomean / 1e3:.2f} us (B200 speed of light 5.21 us)")
 
 

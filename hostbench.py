@@ -26,9 +26,7 @@ import time
 import torch
 
 import submission
-from reference import generate_input
-
-NUM_INPUTS = 15
+from eval import NUM_INPUTS_PER_BENCHMARK as NUM_INPUTS, benchmark_inputs, clone_data
 
 # =============================================================================
 # Stand-in kernel: same host parameters as Sm100GroupedGemmKernel.__call__
@@ -123,15 +121,6 @@ class SeedPath:
 # =============================================================================
 # Timing
 # =============================================================================
-def make_inputs(case_args: dict, count: int, device) -> list:
-    args = dict(case_args)
-    inputs = []
-    for _ in range(count):
-        args["seed"] = args.get("seed", 0) + 42
-        inputs.append(generate_input(**args, device=device))
-    return inputs
-
-
 def per_call_us(fn, inputs, repeats: int) -> float:
     """Median over `repeats` passes of host microseconds per call, calling fn on
     every input of the list back to back (no synchronization inside a pass)."""
@@ -150,8 +139,8 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     """Host microseconds per call for one benchmark case, keyed by measurement."""
     results = {}
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    inputs = make_inputs(case_args, NUM_INPUTS, device)
+    device = torch.device("cuda" if cuda else "cpu")  # where benchmark_inputs puts them
+    inputs = benchmark_inputs(case_args)  # the leaderboard's 15 seeds
 
     # Preparation that needs no GPU: the plan-cache key, validation of the
     # structure, choice of configuration, packing of the tables.
@@ -189,7 +178,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     def cold(fn):
         samples = []
         for _ in range(max(3, repeats // 4)):
-            fresh = [tuple(_clone(x) for x in data) for data in inputs]
+            fresh = [clone_data(data) for data in inputs]
             torch.cuda.synchronize()
             start = time.perf_counter()
             for data in fresh:
@@ -211,11 +200,3 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     results["seed.launch"] = results["seed.total"] - results["seed.prep"]
     results["kernel"] = "B200 kernel" if b200 else "stand-in kernel (same parameters; this GPU has no tcgen05)"
     return results
-
-
-def _clone(x):
-    if isinstance(x, list):
-        return [_clone(y) for y in x]
-    if isinstance(x, tuple):
-        return tuple(_clone(y) for y in x)
-    return x.clone() if isinstance(x, torch.Tensor) else x

@@ -1,6 +1,7 @@
 """eval.py: the leaderboard protocol (keys, exit codes) and the people's CLI."""
 import base64
 import os
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,15 @@ def test_cli_rejects_an_unknown_case_number():
     done = subprocess.run([sys.executable, "eval.py", "tests", "--case", "99"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and "has cases 0..9" in done.stderr
+
+
+def test_overhead_reports_the_host_preparation_per_call():
+    done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "overhead", "--case", "3",
+                           "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "benchmark 3 (G=2 M=[128,384]" in done.stdout
+    for key in ("prep.key (warm)", "prep.validate+pack (cold, host part)"):
+        value = re.search(re.escape(key) + r"\s+([\d.]+) us", done.stdout)
+        assert value and float(value[1]) > 0
+    if HAS_CUDA:
+        assert "warm.total" in done.stdout and "seed.total" in done.stdout
