@@ -1034,22 +1034,25 @@ class LaunchPlan:
 
     def __init__(self, data, config: TileConfig, compiled, device):
         words, abc_at, sf_at, sizes_at = pack_metadata(data, config)
-        host = torch.tensor(words, dtype=torch.int64).pin_memory()
-        self.metadata = host.to(device, non_blocking=True)
-        self.metadata_host = host  # pinned source of an async copy: keep it alive
+        sizes, tiles, ctas = launch_plan(data[3], config, sm_count(device.index))
+        # One device buffer: the tensormap workspace first (allocations are
+        # 512-byte aligned, descriptors need 128), then the tables.
+        workspace_words = ctas * TENSORMAP_I64_PER_CTA
+        self.buffer = torch.empty(workspace_words + len(words), dtype=torch.int64, device=device)
+        self.workspace = self.buffer[:workspace_words].view(ctas, TENSORMAP_I64_PER_CTA)
+        self.tables_host = torch.tensor(words, dtype=torch.int64, pin_memory=True)  # async source: keep
+        self.buffer[workspace_words:].copy_(self.tables_host, non_blocking=True)
         self.device = device
         # Launches on other streams first wait for this one (the copy above).
         self.build_stream = current_stream_handle(device)
-        sizes, tiles, ctas = launch_plan(data[3], config, sm_count(device.index))
-        self.workspace = torch.empty((ctas, TENSORMAP_I64_PER_CTA), dtype=torch.int64, device=device)
-        base = self.metadata.data_ptr()
+        tables = self.buffer.data_ptr() + 8 * workspace_words
 
         def gmem(dtype, address, align=16):
             return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
 
-        self.args = (gmem(cutlass.Int32, base + 8 * sizes_at), gmem(cutlass.Int64, base + 8 * abc_at),
-                     gmem(cutlass.Int64, base + 8 * sf_at),
-                     gmem(cutlass.Int64, self.workspace.data_ptr(), BYTES_PER_TENSORMAP),
+        self.args = (gmem(cutlass.Int32, tables + 8 * sizes_at), gmem(cutlass.Int64, tables + 8 * abc_at),
+                     gmem(cutlass.Int64, tables + 8 * sf_at),
+                     gmem(cutlass.Int64, self.buffer.data_ptr(), BYTES_PER_TENSORMAP),
                      cutlass.Int32(len(sizes)), cutlass.Int32(tiles), cutlass.Int32(ctas))
         self.compiled = compiled
         self.launchers = {}  # CUDA stream handle -> zero-argument launch
