@@ -59,7 +59,8 @@ resuming its group search where the previous tile left it.
 Tensormaps: each CTA owns five 128-byte TMA descriptors (A', B', SFA', SFB',
 D') in a global workspace. The TMA warp (A', B', SFA', SFB') and epilogue warp
 0 (D') rewrite them in shared memory and publish them (fence.proxy.tensormap
-release, acquire before first use) only when the CTA moves to another group.
+release, acquire and prefetch before first use) only when the CTA moves to
+another group.
 
 Compile time vs run time: dtypes, tile configuration, stage counts and layouts
 are compile-time; problem sizes, pointers, the group count, the tile count and
@@ -310,6 +311,16 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
         group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     index_in_group = tile - group_first_tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
+
+
+def prefetch_tensormap(tensormap_manager, gmem_ptr) -> None:
+    """Bring a just-published descriptor into the TMA unit's cache
+    (`prefetch.tensormap`) before the first copy that uses it. DSL releases
+    without `cute.arch.prefetch` (4.3.x) skip it: it is only a hint."""
+    prefetch = getattr(cute.arch, "prefetch", None)
+    if prefetch is not None:
+        generic = tensormap_manager.get_tensormap_ptr(gmem_ptr, cute.AddressSpace.generic)
+        prefetch(generic.llvm_ptr, tensormap=True)
 
 
 # =============================================================================
@@ -655,6 +666,7 @@ class Sm100GroupedGemmKernel:
                     tuple(tensormap_gmem[:4]), TMA_WARP, tuple(tensormap_smem[:4]))
                 for i in cutlass.range_constexpr(4):
                     tensormap_manager.fence_tensormap_update(tensormap_gmem[i])
+                    prefetch_tensormap(tensormap_manager, tensormap_gmem[i])
                 loaded_group = group
             k_tiles = (problem_sizes[group, 2] + self.tile_mnk[2] - 1) // self.tile_mnk[2]
             # (source ((ATOM_V, REST_V), REST_K), stage destination, descriptor) per tensor
@@ -819,6 +831,7 @@ class Sm100GroupedGemmKernel:
             if group != stored_group:
                 if leader:
                     tensormap_manager.fence_tensormap_update(tensormap_c_gmem)
+                    prefetch_tensormap(tensormap_manager, tensormap_c_gmem)
                 stored_group = group
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             for subtile in cutlass.range(num_subtiles):

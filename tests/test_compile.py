@@ -109,6 +109,8 @@ def test_ptx_has_the_designed_instructions(report, config):
     releases = re.findall(r"tensormap\.cp_fenceproxy\.global\.shared::cta\.tensormap::generic\.release", ptx)
     acquires = re.findall(r"fence\.proxy\.tensormap::generic\.acquire", ptx)
     assert len(releases) == len(acquires) == submission.NUM_TENSORMAPS
+    # the template descriptors and each published descriptor are prefetched
+    assert len(re.findall(r"prefetch\.tensormap", ptx)) == 2 * submission.NUM_TENSORMAPS
     # C staged in shared memory is fenced before the TMA store reads it
     assert "fence.proxy.async.shared::cta" in ptx
     # scale factors copied shared -> tensor memory; accumulator read back from TMEM
