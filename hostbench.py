@@ -92,7 +92,7 @@ class SeedPath:
         device = abc_tensors[0][0].device
         config = submission.choose_config(problem_sizes)
         compiled, _ = self.compile_fn(config)
-        sizes, tiles, ctas = submission.launch_plan(problem_sizes, config, 148)
+        sizes, tiles, ctas = submission.launch_plan(problem_sizes, config, submission.sm_count(device.index))
         size_table = torch.tensor(sizes, dtype=torch.int32, device=device)
         abc_table = torch.tensor([[a.data_ptr(), b.data_ptr(), c.data_ptr()] for a, b, c in abc_tensors],
                                  dtype=torch.int64, device=device)

@@ -265,10 +265,14 @@ def _choose_config(problem_sizes: tuple) -> TileConfig:
     return min(TILE_CONFIGS.values(), key=lambda c: model_time_us(problem_sizes, c).time_us)
 
 
+NUM_C_STAGES = 2
+EPI_TILE_BYTES = 128 * 32 * 2  # epilogue subtile: 128 rows x 32 columns of fp16
+
+
 def _compute_stages_for_model(config: TileConfig) -> int:
     """A/B/SFA/SFB stages the kernel will have, from byte counts alone (the
     kernel computes the same from its layouts; a test checks they agree)."""
-    c_bytes = _epilogue_buffer_bytes(config)
+    c_bytes = NUM_C_STAGES * EPI_TILE_BYTES
     tensormap_bytes = NUM_TENSORMAPS * BYTES_PER_TENSORMAP
     return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // stage_bytes(config)
 
@@ -278,14 +282,6 @@ def stage_bytes(config: TileConfig) -> int:
     m, n, k = config.tile_mnk
     sf = (ceil_div(m, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
     return (m + n) * k // 2 + sf
-
-
-NUM_C_STAGES = 2
-EPI_TILE_BYTES = 128 * 32 * 2  # epilogue subtile: 128 rows x 32 columns of fp16
-
-
-def _epilogue_buffer_bytes(config: TileConfig) -> int:
-    return NUM_C_STAGES * EPI_TILE_BYTES
 
 
 # =============================================================================
@@ -668,7 +664,7 @@ class Sm100GroupedGemmKernel:
                     tensormap_manager.fence_tensormap_update(tensormap_gmem[i])
                     prefetch_tensormap(tensormap_manager, tensormap_gmem[i])
                 loaded_group = group
-            k_tiles = (problem_sizes[group, 2] + self.tile_mnk[2] - 1) // self.tile_mnk[2]
+            k_tiles = ceil_div(problem_sizes[group, 2], self.tile_mnk[2])
             # (source ((ATOM_V, REST_V), REST_K), stage destination, descriptor) per tensor
             loads = ((tma_atom_a, tAgA[(None, m_tile, None, 0)], tAsA, tensormap_gmem[0]),
                      (tma_atom_b, tBgB[(None, n_tile, None, 0)], tBsB, tensormap_gmem[1]),
@@ -725,7 +721,7 @@ class Sm100GroupedGemmKernel:
         group_first_tile = cutlass.Int32(0)
         while tile < total_tiles:
             group, group_first_tile, _, _ = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
-            k_tiles = (problem_sizes[group, 2] + self.tile_mnk[2] - 1) // self.tile_mnk[2]
+            k_tiles = ceil_div(problem_sizes[group, 2], self.tile_mnk[2])
             tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
             acc_pipeline.producer_acquire(acc_state)  # the epilogue has drained this buffer
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
