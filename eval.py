@@ -501,7 +501,11 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     ptx, stopped_at = "", None
     kernel = submission.Sm100GroupedGemmKernel(config)
     try:
-        ptx = ptx_text(submission.compile_kernel(kernel))
+        compiled = submission.compile_kernel(kernel)
+        ptx = ptx_text(compiled)
+        # Whether launches can skip the DSL's per-call argument conversion
+        # (submission.HostFunction); checked on the CPU against this release.
+        row["direct_host_arguments"] = submission.argument_layout_matches(compiled)
     except Exception as error:  # 4.3.x: PTX written, then cuInit fails without a GPU
         stopped_at = describe_error(error)
     row["compile_s"] = round(time.perf_counter() - start, 3)

@@ -67,13 +67,17 @@ are compile-time; problem sizes, pointers, the group count, the tile count and
 the grid size are run-time. One compile per tile configuration and
 architecture serves every shape set (`compile_grouped_gemm`).
 
-Host path (`B200Launcher`): the first call with an input validates it and
-builds a `LaunchPlan`: its tables packed into one pinned buffer and copied to
-the device once, its tensormap workspace, and the kernel's arguments, which the
-DSL converts once per CUDA stream. Later calls with the same tensor objects
-(the leaderboard's timing loop) only launch. Plans are keyed on the identity
-of the input's tensors and its sizes and dropped when any of those tensors is
-freed; C is recomputed on every call.
+Host path (`B200Launcher`): the first call with an input (cold) checks every
+tensor against what the sizes imply and reads the table pointers in one pass
+(`gather_tables`; anything not exactly in the leaderboard's layout goes to
+`validate_input` for a verdict), copies the tables into a slot of a
+per-stream arena with one driver call, and makes a `LaunchPlan`. Later calls
+with the same tensor objects (the leaderboard's timing loop; warm) only
+launch: the compiled host function is called with argument storage the plan
+owns (`HostFunction`), skipping the DSL's per-call argument conversion.
+Plans are keyed on the identity of the input's tensors and its sizes and
+dropped when any of those tensors is freed; the tensormap workspace is one
+per stream. C is recomputed on every call.
 
 Standalone: imports only torch, cutlass and `task`, as the leaderboard copies
 only this file.
@@ -92,7 +96,6 @@ import torch
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.torch as cutlass_torch
 import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
@@ -948,34 +951,43 @@ def validate_input(data) -> None:
             raise ValueError(f"group {g}: {name} is on {where}, other tensors on {device}")
 
 
-def validate_structure(data) -> list:
-    """Every check of `validate_input` but the devices; returns (group, name,
-    device) of every tensor."""
+def check_group_lengths(data) -> int:
+    """The group count G, once the four lists are known to agree on it."""
     if not isinstance(data, (tuple, list)) or len(data) != 4:
         raise ValueError("data must be (abc_tensors, sfasfb_tensors, "
                          "sfasfb_reordered_tensors, problem_sizes)")
-    abc_tensors, sfasfb_tensors, sfasfb_reordered_tensors, problem_sizes = data
-    lengths = {"abc_tensors": len(abc_tensors), "sfasfb_tensors": len(sfasfb_tensors),
-               "sfasfb_reordered_tensors": len(sfasfb_reordered_tensors),
-               "problem_sizes": len(problem_sizes)}
+    lengths = {"abc_tensors": len(data[0]), "sfasfb_tensors": len(data[1]),
+               "sfasfb_reordered_tensors": len(data[2]), "problem_sizes": len(data[3])}
     if len(set(lengths.values())) != 1:
         raise ValueError(f"group lists disagree in length: {lengths}")
     if lengths["problem_sizes"] == 0:
         raise ValueError("no groups: the group lists are empty")
+    return lengths["problem_sizes"]
 
+
+def check_problem_size(g: int, size) -> None:
+    if len(size) != 4 or not all(isinstance(x, int) for x in size):
+        raise ValueError(f"group {g}: problem size {size!r} is not four ints (M, N, K, L)")
+    m, n, k, l = size
+    if l != 1:
+        raise ValueError(f"group {g}: L={l}, only L=1 is supported")
+    if m < 1:
+        raise ValueError(f"group {g}: M={m}, must be at least 1")
+    if n < 1 or n % N_MULTIPLE:
+        raise ValueError(f"group {g}: N={n} is not a positive multiple of {N_MULTIPLE}")
+    if k < 1 or k % K_MULTIPLE:
+        raise ValueError(f"group {g}: K={k} is not a positive multiple of {K_MULTIPLE}")
+
+
+def validate_structure(data) -> list:
+    """Every check of `validate_input` but the devices; returns (group, name,
+    device) of every tensor."""
+    check_group_lengths(data)
+    abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
     placed = []  # (group, name, device) of every tensor
     for g, (abc, sfr, size) in enumerate(zip(abc_tensors, sfasfb_reordered_tensors, problem_sizes)):
-        if len(size) != 4 or not all(isinstance(x, int) for x in size):
-            raise ValueError(f"group {g}: problem size {size!r} is not four ints (M, N, K, L)")
-        m, n, k, l = size
-        if l != 1:
-            raise ValueError(f"group {g}: L={l}, only L=1 is supported")
-        if m < 1:
-            raise ValueError(f"group {g}: M={m}, must be at least 1")
-        if n < 1 or n % N_MULTIPLE:
-            raise ValueError(f"group {g}: N={n} is not a positive multiple of {N_MULTIPLE}")
-        if k < 1 or k % K_MULTIPLE:
-            raise ValueError(f"group {g}: K={k} is not a positive multiple of {K_MULTIPLE}")
+        check_problem_size(g, size)
+        m, n, k, _ = size
         if len(abc) != 3 or len(sfr) != 2:
             raise ValueError(f"group {g}: expected (a, b, c) and (sfa_reordered, sfb_reordered)")
         for (name, dtype, shape, strides), tensor in zip(_expected_tensors(m, n, k), (*abc, *sfr)):
@@ -997,8 +1009,83 @@ def validate_structure(data) -> list:
 
 
 # =============================================================================
-# Host launcher: one plan per distinct input, launched with pre-converted arguments
+# Host launcher, part 1 (no GPU needed): one pass over a new input checks it
+# against what its sizes imply and reads the kernel's tables
 # =============================================================================
+class ShapePlan(NamedTuple):
+    """What one set of problem sizes on one device fixes: the configuration,
+    the kernel's size words (see `table_words`), the tile and CTA counts, and
+    per group the exact (dtype, shape, strides, device index) of a, b, c,
+    sfa_reordered and sfb_reordered as `gather_tables` reads them."""
+    config: TileConfig
+    size_words: Tuple[int, ...]
+    tiles: int
+    ctas: int
+    signature: Tuple[tuple, ...]
+
+
+@functools.lru_cache(maxsize=256)
+def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int,
+               config: Optional[TileConfig] = None) -> ShapePlan:
+    """Raises ValueError, naming the group, for sizes the kernel cannot take."""
+    for g, size in enumerate(problem_sizes):
+        check_problem_size(g, size)
+    config = config or choose_config(problem_sizes)
+    sizes, tiles, ctas = launch_plan(problem_sizes, config, num_sms)
+    size_words = tuple(w for mp, np_, k, l in sizes for w in (mp | np_ << 32, k | l << 32))
+    signature = tuple(
+        tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
+              for x in (dtype, shape, strides, device_index))
+        for m, n, k, _ in problem_sizes)
+    return ShapePlan(config, size_words, tiles, ctas, signature)
+
+
+def table_offsets(num_groups: int) -> Tuple[int, int, int]:
+    """Word offsets of the abc, sf and sizes parts in `table_words`."""
+    sf_at = 3 * num_groups + num_groups % 2
+    return 0, sf_at, sf_at + 2 * num_groups
+
+
+def table_words(abc_words: list, sf_words: list, size_words) -> list:
+    """The kernel's per-group tables as one list of int64 words:
+      abc   (G, 3) addresses of A', B', D'
+      sf    (G, 2) addresses of SFA', SFB'
+      sizes (G, 4) int32 M', N', K, L (two per word).
+    Each part starts on a 16-byte boundary (an even word, `table_offsets`):
+    the kernel assumes 16-byte aligned tables."""
+    return abc_words + [0] * (len(abc_words) % 2) + sf_words + list(size_words)
+
+
+def gather_tables(data, shape: ShapePlan, check: bool = True) -> Optional[list]:
+    """The input's table words (`table_words` order) in one pass over its
+    tensors. With `check`, None unless every tensor matches `shape.signature`
+    exactly and is 16-byte aligned: the leaderboard's inputs pass, anything
+    else goes to `validate_input` for a verdict (it is more lenient about
+    strides of extent-1 dimensions, and names the problem)."""
+    abc_tensors, _, sfasfb_reordered_tensors, _ = data
+    swap = shape.config.swap_ab
+    abc_words, sf_words = [], []
+    for (a, b, c), (sfa, sfb), want in zip(abc_tensors, sfasfb_reordered_tensors, shape.signature):
+        if check and (a.dtype, a.shape, a.stride(), a.get_device(),
+                      b.dtype, b.shape, b.stride(), b.get_device(),
+                      c.dtype, c.shape, c.stride(), c.get_device(),
+                      sfa.dtype, sfa.shape, sfa.stride(), sfa.get_device(),
+                      sfb.dtype, sfb.shape, sfb.stride(), sfb.get_device()) != want:
+            return None
+        pa, pb, pc, psfa, psfb = a.data_ptr(), b.data_ptr(), c.data_ptr(), sfa.data_ptr(), sfb.data_ptr()
+        if check and (pa | pb | pc | psfa | psfb) % PTR_ALIGN_BYTES:
+            return None
+        abc_words += (pb, pa, pc) if swap else (pa, pb, pc)
+        sf_words += (psfb, psfa) if swap else (psfa, psfb)
+    return table_words(abc_words, sf_words, shape.size_words)
+
+
+def pack_metadata(data, config: TileConfig) -> Tuple[list, int, int, int]:
+    """The table words of a valid input under `config`, and `table_offsets`."""
+    shape = shape_plan(tuple(map(tuple, data[3])), -1, SM100_SM_COUNT, config)
+    return (gather_tables(data, shape, check=False), *table_offsets(len(data[3])))
+
+
 def input_key(data) -> tuple:
     """Identity of an input for the plan cache: the Python objects of all its
     tensors and its problem sizes. A plan registers weak references on those
@@ -1006,77 +1093,19 @@ def input_key(data) -> tuple:
     by a live tensor while a plan keyed on it exists."""
     abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
     chain = itertools.chain.from_iterable
-    return (tuple(map(id, chain(abc_tensors))), tuple(map(id, chain(sfasfb_reordered_tensors))),
-            tuple(map(tuple, problem_sizes)))
+    return (*map(id, chain(abc_tensors)), *map(id, chain(sfasfb_reordered_tensors)),
+            *map(tuple, problem_sizes))
 
 
 def _flatten(groups):
     return [t for group in groups for t in group]
 
 
-def pack_metadata(data, config: TileConfig) -> Tuple[list, int, int, int]:
-    """The kernel's per-group tables as one list of int64 words, and the word
-    offsets of its three parts:
-      abc   (G, 3) addresses of A', B', D'
-      sf    (G, 2) addresses of SFA', SFB'
-      sizes (G, 4) int32 M', N', K, L (two per word)."""
-    abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
-    abc_words, sf_words, size_words = [], [], []
-    for (a, b, c), (sfa, sfb), size in zip(abc_tensors, sfasfb_reordered_tensors, problem_sizes):
-        if config.swap_ab:
-            a, b, sfa, sfb = b, a, sfb, sfa
-        abc_words += [a.data_ptr(), b.data_ptr(), c.data_ptr()]
-        sf_words += [sfa.data_ptr(), sfb.data_ptr()]
-        mp, np_, k, l = kernel_problem(size, config)
-        size_words += [mp | (np_ << 32), k | (l << 32)]
-    # Each part starts on a 16-byte boundary (an even word): the kernel
-    # assumes 16-byte aligned tables.
-    abc_words += [0] * (len(abc_words) % 2)
-    sf_words += [0] * (len(sf_words) % 2)
-    return abc_words + sf_words + size_words, 0, len(abc_words), len(abc_words) + len(sf_words)
-
-
-class LaunchPlan:
-    """Everything one launch of one input needs: its compiled kernel, device
-    copies of its tables, its tensormap workspace and the kernel's arguments,
-    converted once per CUDA stream."""
-
-    def __init__(self, data, config: TileConfig, compiled, device):
-        words, abc_at, sf_at, sizes_at = pack_metadata(data, config)
-        sizes, tiles, ctas = launch_plan(data[3], config, sm_count(device.index))
-        # One device buffer: the tensormap workspace first (allocations are
-        # 512-byte aligned, descriptors need 128), then the tables.
-        workspace_words = ctas * TENSORMAP_I64_PER_CTA
-        self.buffer = torch.empty(workspace_words + len(words), dtype=torch.int64, device=device)
-        self.workspace = self.buffer[:workspace_words].view(ctas, TENSORMAP_I64_PER_CTA)
-        self.tables_host = torch.tensor(words, dtype=torch.int64, pin_memory=True)  # async source: keep
-        self.buffer[workspace_words:].copy_(self.tables_host, non_blocking=True)
-        self.device = device
-        # Launches on other streams first wait for this one (the copy above).
-        self.build_stream = current_stream_handle(device)
-        tables = self.buffer.data_ptr() + 8 * workspace_words
-
-        def gmem(dtype, address, align=16):
-            return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
-
-        self.args = (gmem(cutlass.Int32, tables + 8 * sizes_at), gmem(cutlass.Int64, tables + 8 * abc_at),
-                     gmem(cutlass.Int64, tables + 8 * sf_at),
-                     gmem(cutlass.Int64, self.buffer.data_ptr(), BYTES_PER_TENSORMAP),
-                     cutlass.Int32(len(sizes)), cutlass.Int32(tiles), cutlass.Int32(ctas))
-        self.compiled = compiled
-        self.launchers = {}  # CUDA stream handle -> zero-argument launch
-        self.weak_inputs = []  # set by the launcher
-
-    def launch(self):
-        launch = self.launchers.get(current_stream_handle(self.device))
-        if launch is not None:
-            launch()
-            return
-        stream = torch.cuda.current_stream(self.device)
-        if stream.cuda_stream != self.build_stream:  # the tables were copied on another stream
-            stream.wait_stream(torch.cuda.ExternalStream(self.build_stream, device=self.device))
-        self.launchers[stream.cuda_stream] = launch_and_keep(
-            self.compiled, self.args + (cutlass_torch.current_stream(),))
+# =============================================================================
+# Host launcher, part 2: device-side resources, argument storage, launches
+# =============================================================================
+TABLE_SLOT_WORDS = 512  # one plan's tables (7 G + 2 words) in a shared arena: G <= 72
+TABLE_SLOTS_PER_CHUNK = 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -1087,90 +1116,306 @@ def sm_count(index: int) -> int:
 _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def current_stream_handle(device: torch.device) -> int:
+def current_stream_handle(device_index: int) -> int:
     """The current CUDA stream's handle; torch's private accessor costs a tenth
     of torch.cuda.current_stream(device) where it exists."""
     if _raw_current_stream is not None:
-        return _raw_current_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+        return _raw_current_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+@functools.lru_cache(maxsize=None)
+def _memcpy_htod_async():
+    """The driver's cuMemcpyHtoDAsync_v2 through ctypes, or None. From pageable
+    memory it stages the bytes before returning, so the source may go at once."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuMemcpyHtoDAsync_v2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None:
+    """Copy int64 `words` into the device tensor `target`, ordered on `stream`
+    (the current stream)."""
+    host = (ctypes.c_int64 * len(words))(*words)
+    memcpy = _memcpy_htod_async()
+    if memcpy is None:  # no driver library by that name: through torch, slower
+        target[:len(words)].copy_(torch.frombuffer(host, dtype=torch.int64), non_blocking=True)
+        torch.cuda.current_stream(target.device).synchronize()  # `host` is pageable and goes now
+        return
+    status = memcpy(target.data_ptr(), host, ctypes.sizeof(host), stream)
+    if status != 0:
+        raise RuntimeError(f"CUDA error {status} copying the kernel's tables to the device")
+
+
+class StreamResources:
+    """What every plan launched on one (device, stream) shares: the tensormap
+    workspace (launches on one stream run one after another, and each CTA
+    rewrites its descriptors from the kernel's own before first use) and an
+    arena of table slots. A slot returns to the arena when its plan goes, and
+    is reused only by plans built on the same stream, whose table copy is
+    ordered after every earlier launch there."""
+
+    def __init__(self, device_index: int, stream: int):
+        self.device_index = device_index
+        self.stream = stream
+        self.workspace = torch.empty(sm_count(device_index) * TENSORMAP_I64_PER_CTA,
+                                     dtype=torch.int64, device=device_index)
+        self.free_slots = []  # views of the arena's chunks
+
+    def take_slot(self) -> torch.Tensor:
+        if not self.free_slots:
+            chunk = torch.empty(TABLE_SLOTS_PER_CHUNK, TABLE_SLOT_WORDS, dtype=torch.int64,
+                                device=self.device_index)
+            self.free_slots = list(reversed(chunk.unbind(0)))
+        return self.free_slots.pop()
+
+    def give_back(self, slot: torch.Tensor) -> None:
+        self.free_slots.append(slot)
+
+
+# Bytes of each of the host function's arguments, in order: the problem-size,
+# abc and sf tables, the workspace, num_groups, total_tiles, num_ctas, stream.
+HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 8)
+
+
+def host_arguments(values):
+    """The B200 kernel's host-function arguments as CuTe DSL objects, from
+    (sizes table, abc table, sf table, workspace, groups, tiles, CTAs)."""
+    sizes, abc, sf, workspace, groups, tiles, ctas = values
+
+    def gmem(dtype, address, align=16):
+        return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+    return (gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc), gmem(cutlass.Int64, sf),
+            gmem(cutlass.Int64, workspace, BYTES_PER_TENSORMAP),
+            cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas))
+
+
+def argument_layout_matches(compiled) -> bool:
+    """Whether this DSL release converts the host function's arguments to
+    exactly one value each of `HOST_ARG_WIDTHS` bytes, as `HostFunction`
+    packs them. Checked on sample values against the DSL's own conversion."""
+    execution_args = getattr(compiled, "execution_args", None)
+    if not hasattr(execution_args, "generate_execution_args"):
+        return False
+    try:
+        from cuda.bindings.driver import CUstream
+    except ImportError:
+        try:
+            from cuda.cuda import CUstream
+        except ImportError:
+            return False
+    # Addresses beyond 32 bits, so that a 4-byte conversion cannot pass.
+    values = (0x1111_2222_3330, 0x2222_3333_4440, 0x3333_4444_5550, 0x4444_5555_6600, 5, 6, 7, 0x7777_5a5a_0000)
+    try:
+        converted, _keep = execution_args.generate_execution_args(
+            host_arguments(values[:7]) + (CUstream(values[7]),), {})
+    except Exception:  # any release-specific failure means: not this layout
+        return False
+    if len(converted) != len(values):
+        return False
+    for address, width, want in zip(converted, HOST_ARG_WIDTHS, values):
+        address = address.value if isinstance(address, ctypes.c_void_p) else address
+        if not isinstance(address, int) or int.from_bytes(ctypes.string_at(address, width), "little") != want:
+            return False
+    return True
+
+
+class HostFunction:
+    """A compiled kernel's host function on one device, called with argument
+    storage owned here.
+
+    CuTe DSL converts and packs every argument on every call, most of a
+    call's host time. Its compiled host function takes one array: the address
+    of each argument's value, then the executor's own entries (where it
+    reports a CUDA error, the kernels' handles). Where the release converts
+    the arguments as `argument_layout_matches` expects, a plan owns such an
+    array per stream and a launch is one call; elsewhere a plan has the DSL
+    convert its arguments once per stream (`launch_and_keep`)."""
+
+    def __init__(self, compiled, device_index: int):
+        self.compiled = compiled
+        self.capi = None
+        if not argument_layout_matches(compiled):
+            return
+        try:
+            executor = compiled.to(device_index)
+            capi = executor.capi_func
+            self.result = executor.cuda_result if executor._has_cuda_result else None
+            extras = [executor._cuda_result_addr] if self.result is not None else []
+            extras += [p.value for p in (executor._kernel_ptrs or [])]
+        except (AttributeError, TypeError, NotImplementedError):
+            return
+        self.executor, self.extras, self.capi = executor, tuple(extras), capi
+
+    def launcher(self, values, stream: int):
+        """A zero-argument function launching the kernel with `values` (see
+        `host_arguments`) on `stream`."""
+        if self.capi is None:
+            from cuda.bindings.driver import CUstream
+            return launch_and_keep(self.compiled, host_arguments(values) + (CUstream(stream),))
+        storage = (ctypes.c_uint64 * len(HOST_ARG_WIDTHS))(*values, stream)
+        base = ctypes.addressof(storage)
+        packed = (ctypes.c_void_p * (len(HOST_ARG_WIDTHS) + len(self.extras)))(
+            *(base + 8 * i for i in range(len(HOST_ARG_WIDTHS))), *self.extras)
+        capi, result = self.capi, self.result
+
+        def launch(keep_alive=(storage, packed, self.executor)):
+            capi(packed)
+            if result is not None and result.value != 0:
+                raise RuntimeError(f"CUDA error {result.value} launching the B200 kernel")
+        launch()
+        return launch
 
 
 def launch_and_keep(compiled, args):
-    """Launch `compiled(*args)` now and return a zero-argument function that
-    launches it again with the same arguments.
-
-    CuTe DSL converts and packs every argument on every call, most of a call's
-    host time. Where the release exposes its steps (4.5 to 4.8 do), they run
-    once here and a later launch is one call of the compiled host function;
-    otherwise later launches are plain calls."""
+    """Launch `compiled(*args)` now through the DSL's own conversion and return
+    a zero-argument function that launches it again with the same arguments
+    (the fallback of `HostFunction`)."""
     execution_args = getattr(compiled, "execution_args", None)
     run = getattr(compiled, "run_compiled_program", None)
     if run is None or not hasattr(execution_args, "generate_execution_args"):
         compiled(*args)
         return lambda: compiled(*args)
     converted, keep_alive = execution_args.generate_execution_args(args, {})
-    launched = getattr(compiled, "_default_executor", None) is None
-    if launched:
-        run(converted)  # the first launch of this kernel also creates the DSL's executor
-    try:
-        executor = compiled._default_executor
-        packed = executor._get_invoke_packed_args(converted)  # a buffer the DSL reuses: copy it
-        frozen = (ctypes.c_void_p * len(packed))(*packed)
-        host_function = executor.capi_func
-        result = executor.cuda_result if executor._has_cuda_result else None
-    except (AttributeError, TypeError):
-        if not launched:
-            run(converted)
-        return lambda: run(converted)
+    run(converted)
+    return lambda keep_alive=keep_alive: run(converted)
 
-    def launch(keep_alive=(converted, keep_alive, frozen)):
-        host_function(frozen)
-        if result is not None and result.value != 0:
-            raise RuntimeError(f"CUDA error {result.value} launching the B200 kernel")
-    if not launched:
-        launch()
-    return launch
+
+class LaunchPlan:
+    """One input's launch: its tables in a slot of its stream's arena (a
+    dedicated allocation beyond TABLE_SLOT_WORDS), and a launch function per
+    CUDA stream it runs on. Built on the current stream."""
+
+    def __init__(self, words: list, shape: ShapePlan, compiled, device_index: int, launcher):
+        self.device_index = device_index
+        self.launcher = launcher  # gives the HostFunction and StreamResources
+        self.host = launcher.host_function(compiled, device_index)
+        self.home = launcher.stream_resources(device_index, current_stream_handle(device_index))
+        self.words = words
+        self.slot = self.home.take_slot() if len(words) <= TABLE_SLOT_WORDS else None
+        self.tables = self.slot if self.slot is not None else torch.empty(
+            len(words), dtype=torch.int64, device=device_index)
+        copy_words_to_device(words, self.tables, self.home.stream)
+        base = self.tables.data_ptr()
+        abc_at, sf_at, sizes_at = table_offsets(len(shape.signature))
+        self.table_addresses = (base + 8 * sizes_at, base + 8 * abc_at, base + 8 * sf_at)
+        self.counts = (len(shape.signature), shape.tiles, shape.ctas)
+        self.shared = False  # launched on a stream other than its own
+        self.launchers = {}  # CUDA stream handle -> zero-argument launch
+
+    def launch(self):
+        launch = self.launchers.get(current_stream_handle(self.device_index))
+        if launch is None:
+            self.first_launch_on_stream()  # launches
+        else:
+            launch()
+
+    def first_launch_on_stream(self):
+        stream = current_stream_handle(self.device_index)
+        if stream != self.home.stream:
+            # The tables were copied on the plan's own stream: wait for that,
+            # and never hand the slot to another plan (two streams read it).
+            torch.cuda.current_stream(self.device_index).wait_stream(
+                torch.cuda.ExternalStream(self.home.stream, device=self.device_index))
+            self.shared = True
+        workspace = self.launcher.stream_resources(self.device_index, stream).workspace.data_ptr()
+        self.launchers[stream] = self.host.launcher(self.table_addresses + (workspace,) + self.counts, stream)
+
+    def release(self):
+        """The plan left the cache: its slot may serve the next plan."""
+        if self.slot is not None and not self.shared:
+            self.home.give_back(self.slot)
+        self.slot = None
 
 
 class B200Launcher:
     """custom_kernel's B200 host path.
 
-    The first call with an input validates it and builds its LaunchPlan (cold);
-    a later call with the same tensor objects and sizes only launches (warm).
+    The first call with an input (cold) checks it and reads its tables in one
+    pass (`gather_tables`; `validate_input` rules on anything that is not
+    exactly the leaderboard's layout), copies the tables into a slot of the
+    stream's arena and makes a `LaunchPlan`; a later call with the same tensor
+    objects and sizes (warm, the leaderboard's timing loop) only launches.
     C is recomputed on every call: only metadata is cached, never results.
-    `compile_fn(config)` returns (compiled, kernel); tests and the host-overhead
-    benchmark pass a stand-in for GPUs that cannot run tcgen05."""
 
-    def __init__(self, compile_fn=None, max_plans: int = 64, plan_factory=None, validate=None):
+    `compile_fn(config)` returns (compiled, kernel); tests and the host-time
+    benchmark pass a stand-in for GPUs that cannot run tcgen05, and on a CPU
+    a `plan_factory` that records instead of launching, with
+    `allow_cpu_tensors`."""
+
+    def __init__(self, compile_fn=None, max_plans: int = 64, plan_factory=None, validate=None,
+                 allow_cpu_tensors: bool = False):
         self.compile_fn = compile_fn or compile_grouped_gemm
         self.max_plans = max_plans  # beyond it, the oldest plan goes
         self.plans: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
-        # Both replaceable so that the cache can be tested on a CPU.
         self.plan_factory = plan_factory or LaunchPlan
         self.validate = validate or validate_input
+        self.allow_cpu_tensors = allow_cpu_tensors
+        self.hosts: Dict[tuple, HostFunction] = {}
+        self.streams: Dict[Tuple[int, int], StreamResources] = {}
 
     def __call__(self, data: input_t, config: Optional[TileConfig] = None) -> output_t:
-        key = input_key(data) if config is None else input_key(data) + (config.name,)
+        try:
+            key = input_key(data)
+        except (TypeError, ValueError):  # not even the input's outline: a verdict
+            self.validate(data)
+            raise
+        if config is not None:
+            key += (config.name,)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.build(data, key, config)
         plan.launch()
         return [c for _, _, c in data[0]]
 
-    def build(self, data, key, config: Optional[TileConfig]) -> LaunchPlan:
-        self.validate(data)
-        device = data[0][0][0].device
-        config = config or choose_config(data[3])
-        compiled, _ = self.compile_fn(config)
-        plan = self.plan_factory(data, config, compiled, device)
+    def build(self, data, key, config: Optional[TileConfig]):
+        words = None
+        try:
+            check_group_lengths(data)
+            device_index = data[0][0][0].get_device()
+            if device_index >= 0 or self.allow_cpu_tensors:
+                shape = shape_plan(tuple(map(tuple, data[3])), device_index,
+                                   self.num_sms(device_index), config)
+                words = gather_tables(data, shape)
+        except (TypeError, ValueError, AttributeError, IndexError):
+            words = None
+        if words is None:  # not exactly the leaderboard's layout
+            self.validate(data)  # raises, naming the group and the problem
+            device_index = data[0][0][0].get_device()
+            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config)
+            words = gather_tables(data, shape, check=False)
+        compiled, _ = self.compile_fn(shape.config)
+        plan = self.plan_factory(words, shape, compiled, device_index, self)
 
         def forget(_ref, plans=self.plans, key=key):
-            plans.pop(key, None)
+            gone = plans.pop(key, None)
+            if gone is not None:
+                gone.release()
         plan.weak_inputs = [weakref.ref(t, forget) for t in _flatten(data[0]) + _flatten(data[2])]
         self.plans[key] = plan
         while len(self.plans) > self.max_plans:
-            self.plans.popitem(last=False)
+            self.plans.popitem(last=False)[1].release()
         return plan
+
+    @staticmethod
+    def num_sms(device_index: int) -> int:
+        return sm_count(device_index) if device_index >= 0 else SM100_SM_COUNT
+
+    def host_function(self, compiled, device_index: int) -> HostFunction:
+        key = (id(compiled), device_index)
+        if key not in self.hosts:
+            self.hosts[key] = HostFunction(compiled, device_index)
+        return self.hosts[key]
+
+    def stream_resources(self, device_index: int, stream: int) -> StreamResources:
+        key = (device_index, stream)
+        if key not in self.streams:
+            self.streams[key] = StreamResources(device_index, stream)
+        return self.streams[key]
 
 
 _b200_launcher = B200Launcher()

@@ -69,6 +69,13 @@ def test_every_configuration_compiles_without_spills(report):
         assert 0 < k["dynamic_smem_bytes"] <= submission.SMEM_CAPACITY
 
 
+def test_launches_can_skip_the_dsls_argument_conversion(report):
+    # submission.HostFunction packs the host function's arguments itself where
+    # this holds; elsewhere every plan pays the DSL's conversion once per stream.
+    for k in report["kernels"]:
+        assert k["direct_host_arguments"] is True, (k["config"], k["cutlass_dsl"])
+
+
 def test_every_task_shape_and_a_contract_spread_is_served(report):
     plans = report["shape_sets"]
     expected = [[[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])]

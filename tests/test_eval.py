@@ -148,8 +148,8 @@ def test_overhead_reports_the_host_preparation_per_call():
                            "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "benchmark 3 (G=2 M=[128,384]" in done.stdout
-    for key in ("prep.key (warm)", "prep.validate+pack (cold, host part)"):
+    for key in ("prep.key (warm)", "prep.check+gather (cold, host part)"):
         value = re.search(re.escape(key) + r"\s+([\d.]+) us", done.stdout)
         assert value and float(value[1]) > 0
     if HAS_CUDA:
-        assert "warm.total" in done.stdout and "seed.total" in done.stdout
+        assert "warm.total" in done.stdout and "seed.total" in done.stdout and "cuLaunchKernel" in done.stdout

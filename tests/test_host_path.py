@@ -3,6 +3,7 @@
 On the CPU the launcher runs with a recording stand-in for LaunchPlan (no CUDA
 needed); on a CUDA GPU the real LaunchPlan launches a stand-in kernel with the
 B200 kernel's parameters that records the arguments it received."""
+import ctypes
 import gc
 
 import pytest
@@ -14,28 +15,33 @@ from reference import generate_input
 
 
 class RecordingPlan:
-    """What LaunchPlan would compute, without a GPU: the packed tables."""
+    """What LaunchPlan receives, without a GPU: the table words it would copy."""
     built = []
 
-    def __init__(self, data, config, compiled, device):
-        self.words, *_ = submission.pack_metadata(data, config)
-        self.config = config
+    def __init__(self, words, shape, compiled, device_index, launcher):
+        self.words, self.shape = words, shape
         self.launches = 0
+        self.released = False
         RecordingPlan.built.append(self)
 
     def launch(self):
         self.launches += 1
 
+    def release(self):
+        self.released = True
+
 
 def cpu_launcher(**kwargs):
+    """A launcher on CPU tensors; `validated` counts calls of the full
+    validation, which only inputs not exactly in the leaderboard's layout reach."""
     RecordingPlan.built = []
     validated = []
 
     def validate(data):
         validated.append(1)
         submission.validate_structure(data)
-    launcher = submission.B200Launcher(compile_fn=lambda config: (None, None),
-                                       plan_factory=RecordingPlan, validate=validate, **kwargs)
+    launcher = submission.B200Launcher(compile_fn=lambda config: (None, None), plan_factory=RecordingPlan,
+                                       validate=validate, allow_cpu_tensors=True, **kwargs)
     return launcher, validated
 
 
@@ -48,14 +54,15 @@ def expected_words(data):
     return submission.pack_metadata(data, submission.choose_config(data[3]))[0]
 
 
-def test_reused_inputs_reuse_their_plan_and_validate_once():
+def test_reused_inputs_reuse_their_plan_and_are_checked_once():
     launcher, validated = cpu_launcher()
     inputs = [make((64, 200), seed=s) for s in range(3)]
     for _ in range(4):
         for data in inputs:
             out = launcher(data)
             assert [o.data_ptr() for o in out] == [c.data_ptr() for _, _, c in data[0]]
-    assert len(RecordingPlan.built) == 3 and len(validated) == 3
+    assert len(RecordingPlan.built) == 3
+    assert len(validated) == 0  # the leaderboard's layout: the one-pass check accepted them
     assert [p.launches for p in RecordingPlan.built] == [4, 4, 4]  # C recomputed every call
     assert [p.words for p in RecordingPlan.built] == [expected_words(d) for d in inputs]
 
@@ -65,9 +72,10 @@ def test_freed_inputs_drop_their_plan_even_at_reused_addresses():
     data = make((64, 200))
     launcher(data)
     assert len(launcher.plans) == 1
+    first = RecordingPlan.built[0]
     del data
     gc.collect()
-    assert len(launcher.plans) == 0  # its tensors died: the plan went with them
+    assert len(launcher.plans) == 0 and first.released  # its tensors died: the plan went with them
     for ms in [(128, 40, 300), (64,), (1, 1024)]:  # other shapes, likely at reused addresses
         data = make(ms, seed=len(ms))
         launcher(data)
@@ -84,7 +92,7 @@ def test_cloned_inputs_get_their_own_plan():
                   for i, part in enumerate(data))
     launcher(data)
     launcher(clone)
-    assert len(RecordingPlan.built) == 2 and len(validated) == 2
+    assert len(RecordingPlan.built) == 2 and len(validated) == 0
     assert RecordingPlan.built[0].words != RecordingPlan.built[1].words  # other addresses
     assert RecordingPlan.built[1].words == expected_words(clone)
 
@@ -117,6 +125,7 @@ def test_the_cache_is_bounded():
         launcher(data)
     assert len(launcher.plans) == 4
     assert list(launcher.plans) == [submission.input_key(d) for d in inputs[3:]]
+    assert [p.released for p in RecordingPlan.built] == [True] * 3 + [False] * 4
 
 
 def test_bad_input_is_rejected_before_any_plan():
@@ -126,6 +135,50 @@ def test_bad_input_is_rejected_before_any_plan():
     with pytest.raises(ValueError, match="group 0: K=384"):
         launcher(bad)
     assert not launcher.plans and not RecordingPlan.built
+
+
+def mutations(data):
+    """(what, bad input, the message validate_input gives) for inputs that
+    differ from the leaderboard's layout in one way."""
+    (a, b, c), rest = data[0][0], data[0][1:]
+    sfa, sfb = data[2][0]
+
+    def with_group0(abc=None, sf=None):
+        return ([abc or (a, b, c)] + rest, data[1], [sf or (sfa, sfb)] + data[2][1:], data[3])
+    wide = torch.empty(a.shape[0], a.shape[1] + 8, 1, dtype=a.dtype)[:, :a.shape[1]]
+    shifted = torch.empty(c.numel() + 8, dtype=c.dtype)[4:4 + c.numel()].view(c.shape)  # 8 bytes in
+    return [
+        ("dtype", with_group0(abc=(a, b, c.float())), "group 0: c has dtype torch.float32"),
+        ("shape", with_group0(abc=(a, b, c[:-1])), "group 0: c has shape"),
+        ("strides", with_group0(abc=(wide, b, c)), "group 0: a has strides"),
+        ("alignment", with_group0(abc=(a, b, shifted)), "group 0: c is not 16-byte aligned"),
+        ("not a tensor", with_group0(sf=(sfa, None)), "group 0: sfb_reordered is NoneType"),
+        ("K", (data[0], data[1], data[2], [(64, 256, 384, 1)] + data[3][1:]), "group 0: K=384"),
+        ("lengths", (data[0], data[1], data[2][:1], data[3]), "group lists disagree in length"),
+    ]
+
+
+@pytest.mark.parametrize("what", [m[0] for m in mutations(make((64, 200)))])
+def test_the_one_pass_check_leaves_every_bad_input_to_validation(what):
+    data = make((64, 200))
+    _, bad, message = next(m for m in mutations(data) if m[0] == what)
+    launcher, validated = cpu_launcher()
+    with pytest.raises(ValueError, match=message):
+        launcher(bad)
+    assert len(validated) == 1 and not launcher.plans and not RecordingPlan.built
+
+
+def test_an_input_validation_accepts_but_the_one_pass_check_does_not_is_served():
+    # The stride of an extent-1 dimension is free: validate_input accepts it,
+    # the one-pass check compares strides exactly and hands the input over.
+    data = make((64, 200))
+    a, b, c = data[0][0]
+    odd = c.as_strided(c.shape, (c.stride(0), 1, 7))
+    data[0][0] = (a, b, odd)
+    launcher, validated = cpu_launcher()
+    launcher(data)
+    assert len(validated) == 1
+    assert RecordingPlan.built[0].words == expected_words(data)
 
 
 def test_pack_metadata_layout():
@@ -143,12 +196,47 @@ def test_pack_metadata_layout():
             assert (low & 0xFFFFFFFF, low >> 32, high & 0xFFFFFFFF, high >> 32) == (mp, np_, k, l)
 
 
+# ---- the host function's argument storage --------------------------------------
+class FakeExecutionArgs:
+    """Converts arguments the way a DSL release might: `widths` bytes per value."""
+
+    def __init__(self, widths, drop_last=False):
+        self.widths, self.drop_last, self.keep = widths, drop_last, []
+
+    def generate_execution_args(self, args, kwargs):
+        ptrs = [a._pointer for a in args[:4]]  # the DSL runtime pointer's address
+        values = ptrs + [int(a) for a in args[4:7]] + [int(args[7])]
+        if self.drop_last:
+            values = values[:-1]
+        converted = []
+        for value, width in zip(values, self.widths):
+            cell = ctypes.create_string_buffer((value % (1 << 8 * width)).to_bytes(width, "little"), 8)
+            self.keep.append(cell)
+            converted.append(ctypes.c_void_p(ctypes.addressof(cell)))
+        return converted, self.keep
+
+
+class FakeCompiled:
+    def __init__(self, execution_args):
+        self.execution_args = execution_args
+
+
+def test_the_argument_layout_check_can_fail():
+    widths = submission.HOST_ARG_WIDTHS
+    assert submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths)))
+    narrow = tuple(4 for _ in widths)  # pointers cut to 4 bytes
+    assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(narrow)))
+    assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths, drop_last=True)))
+    assert not submission.argument_layout_matches(object())  # no execution_args at all
+
+
 # ---- on a CUDA GPU: the real LaunchPlan with the stand-in kernel ----------------
 def recorded(launcher, data):
-    """What the stand-in kernel wrote: num_groups, tiles, CTAs, last K, last D' address."""
+    """What the stand-in kernel wrote into the current stream's workspace:
+    num_groups, tiles, CTAs, last K, last D' address."""
     torch.cuda.synchronize()
-    plan = launcher.plans[submission.input_key(data)]
-    return plan.workspace.view(-1)[:5].tolist()
+    stream = submission.current_stream_handle(torch.cuda.current_device())
+    return launcher.stream_resources(torch.cuda.current_device(), stream).workspace[:5].tolist()
 
 
 def expected_record(data):
@@ -165,15 +253,32 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
     data = generate_input((64, 200), (256, 512), (512, 256), 2, seed=3)
     launcher(data)
     assert recorded(launcher, data) == expected_record(data)
+    slot = launcher.plans[submission.input_key(data)].slot.data_ptr()
     del data
     gc.collect()
     for ms, ks in [((128, 40, 300), (256, 512, 768)), ((1,), (1024,))]:
         data = generate_input(ms, (128,) * len(ms), ks, len(ms), seed=5)
         launcher(data)
         assert recorded(launcher, data) == expected_record(data)
+        assert launcher.plans[submission.input_key(data)].slot.data_ptr() == slot  # the freed slot, reused
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        launcher.plans[submission.input_key(data)].workspace.zero_()
-        launcher(data)  # same plan, another stream
-    side.synchronize()
+        launcher(data)  # same plan, another stream, that stream's workspace
+        assert recorded(launcher, data) == expected_record(data)
+    plan = launcher.plans[submission.input_key(data)]
+    assert plan.shared
+    del data, plan
+    gc.collect()
+    data = generate_input((64,), (128,), (256,), 1, seed=9)
+    launcher(data)  # a slot read on two streams is not handed on
+    assert launcher.plans[submission.input_key(data)].slot.data_ptr() != slot
     assert recorded(launcher, data) == expected_record(data)
+
+
+@needs_cuda
+def test_gpu_launcher_uses_the_direct_argument_path_where_the_release_allows():
+    import hostbench
+    compiled, _ = hostbench.standin_compile(None)
+    host = submission.HostFunction(compiled, torch.cuda.current_device())
+    assert (host.capi is not None) == submission.argument_layout_matches(compiled)
+    print("direct host arguments:", host.capi is not None)
