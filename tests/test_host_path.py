@@ -22,6 +22,8 @@ class RecordingPlan:
         self.words, self.shape = words, shape
         self.launches = 0
         self.released = False
+        self.device_index = device_index
+        self.launchers = {submission.current_stream_handle(device_index): self.launch}
         RecordingPlan.built.append(self)
 
     def launch(self):
