@@ -179,32 +179,50 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     results["warm.custom_kernel dispatch"] = per_call_us(dispatch, inputs, repeats)
 
     # Cold: fresh tensors on every call (made outside the timing).
-    def cold(fn):
-        samples = []
-        for _ in range(max(3, repeats // 4)):
-            fresh = [clone_data(data) for data in inputs]
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for data in fresh:
-                fn(data)
-            samples.append((time.perf_counter() - start) / len(fresh) * 1e6)
-            torch.cuda.synchronize()
-        return statistics.median(samples)
+    def fresh_inputs():
+        fresh = [clone_data(data) for data in inputs]
+        torch.cuda.synchronize()
+        return fresh
 
-    results["cold.total"] = cold(launcher)
+    samples = []
+    for _ in range(max(3, repeats // 4)):
+        fresh = fresh_inputs()
+        start = time.perf_counter()
+        for data in fresh:
+            launcher(data)
+        samples.append((time.perf_counter() - start) / len(fresh) * 1e6)
+        torch.cuda.synchronize()
+    results["cold.total"] = statistics.median(samples)
 
-    def build_only(data):
-        launcher.build(data, submission.input_key(data), None)
-    results["cold.prep"] = cold(build_only)
-    results["cold.launch"] = results["cold.total"] - results["cold.prep"]
+    # The cold call's steps, each timed alone (B200Launcher.build's parts).
+    steps = {"cold.key": [], "cold.check+gather": [], "cold.plan (slot, table copy)": [],
+             "cold.register (weak references)": [], "cold.first launch": []}
+    for _ in range(max(3, repeats // 4)):
+        for data in fresh_inputs():
+            t0 = time.perf_counter()
+            key = submission.input_key(data)
+            t1 = time.perf_counter()
+            shape, words, index = launcher.check_and_gather(data, None)
+            t2 = time.perf_counter()
+            plan = submission.LaunchPlan(words, shape, launcher.compile_fn(shape.config)[0], index, launcher)
+            t3 = time.perf_counter()
+            launcher.register(plan, key, data)
+            t4 = time.perf_counter()
+            plan.launch()
+            t5 = time.perf_counter()
+            for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                steps[name].append(seconds * 1e6)
+        torch.cuda.synchronize()
+    results.update((name, statistics.median(values)) for name, values in steps.items())
 
     seed = SeedPath(compile_fn)
     results["seed.total"] = per_call_us(seed, inputs, repeats)
     results["seed.prep"] = per_call_us(seed.prepare, inputs, repeats)
     results["seed.launch"] = results["seed.total"] - results["seed.prep"]
-    floor = driver_launch_floor_us(repeats)
-    if floor is not None:
-        results["reference: empty kernel via ctypes cuLaunchKernel"] = floor
+    floors = driver_floors_us(repeats)
+    if floors is not None:
+        results["driver: empty kernel, ctypes cuLaunchKernel"] = floors[0]
+        results["driver: 480-byte table, ctypes cuMemcpyHtoDAsync"] = floors[1]
     results["kernel"] = "B200 kernel" if b200 else "stand-in kernel (same parameters; this GPU has no tcgen05)"
     return results
 
@@ -222,9 +240,11 @@ _EMPTY_PTX = b""".version 7.8
 """
 
 
-def driver_launch_floor_us(repeats: int):
-    """Host microseconds of cuLaunchKernel for a parameterless empty kernel,
-    called through ctypes: the least any launch from Python can cost here."""
+def driver_floors_us(repeats: int):
+    """Host microseconds of the two driver calls a cold call cannot avoid,
+    made through ctypes: cuLaunchKernel of a parameterless empty kernel, and
+    cuMemcpyHtoDAsync of a 480-byte table (G = 8) from pageable memory. The
+    least any host path from Python can cost here."""
     import ctypes
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
@@ -238,8 +258,18 @@ def driver_launch_floor_us(repeats: int):
         return None
     launch = cuda.cuLaunchKernel
     launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    memcpy = cuda.cuMemcpyHtoDAsync_v2
+    memcpy.argtypes = (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     stream = torch.cuda.current_stream().cuda_stream
+    target = torch.empty(60, dtype=torch.int64, device="cuda")
+    table = (ctypes.c_int64 * 60)(*range(60))
 
-    def one(_):
+    def one_launch(_):
         launch(function, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
-    return per_call_us(one, range(NUM_INPUTS), repeats)
+
+    def one_copy(_):
+        memcpy(target.data_ptr(), table, ctypes.sizeof(table), stream)
+    floors = (per_call_us(one_launch, range(NUM_INPUTS), repeats),
+              per_call_us(one_copy, range(NUM_INPUTS), repeats))
+    torch.cuda.synchronize()
+    return floors

@@ -152,4 +152,4 @@ def test_overhead_reports_the_host_preparation_per_call():
         value = re.search(re.escape(key) + r"\s+([\d.]+) us", done.stdout)
         assert value and float(value[1]) > 0
     if HAS_CUDA:
-        assert "warm.total" in done.stdout and "seed.total" in done.stdout and "cuLaunchKernel" in done.stdout
+        assert "warm.total" in done.stdout and "seed.total" in done.stdout and "cuLaunchKernel" in done.stdout and "cold.check+gather" in done.stdout
