@@ -146,7 +146,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     # a new input the one-pass check that reads its tables (sizes already seen).
     results["prep.key (warm)"] = per_call_us(submission.input_key, inputs, repeats)
     index = inputs[0][0][0][0].get_device()
-    num_sms = submission.B200Launcher.num_sms(index)
+    num_sms = submission.GroupedGemmLauncher.num_sms(index)
 
     def check_and_gather(data):
         shape = submission.shape_plan(tuple(map(tuple, data[3])), index, num_sms)
@@ -160,7 +160,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
 
     b200 = submission.code_path(device) == submission.PATH_B200
     compile_fn = submission.compile_grouped_gemm if b200 else standin_compile
-    launcher = submission.B200Launcher(compile_fn=compile_fn)
+    launcher = submission.GroupedGemmLauncher(compile_fn=compile_fn)
     launcher(inputs[0])  # compile once, outside the timings
     torch.cuda.synchronize()
 
@@ -194,7 +194,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
         torch.cuda.synchronize()
     results["cold.total"] = statistics.median(samples)
 
-    # The cold call's steps, each timed alone (B200Launcher.build's parts).
+    # The cold call's steps, each timed alone (GroupedGemmLauncher.build's parts).
     steps = {"cold.key": [], "cold.check+gather": [], "cold.plan (slot, table copy)": [],
              "cold.register (weak references)": [], "cold.first launch": []}
     for _ in range(max(3, repeats // 4)):

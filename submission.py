@@ -67,7 +67,7 @@ are compile-time; problem sizes, pointers, the group count, the tile count and
 the grid size are run-time. One compile per tile configuration and
 architecture serves every shape set (`compile_grouped_gemm`).
 
-Host path (`B200Launcher`): the first call with an input (cold) checks every
+Host path (`GroupedGemmLauncher`): the first call with an input (cold) checks every
 tensor against what the sizes imply and reads the table pointers in one pass
 (`gather_tables`; anything not exactly in the leaderboard's layout goes to
 `validate_input` for a verdict), copies the tables into a slot of a
@@ -135,6 +135,7 @@ N_MULTIPLE = 128
 K_MULTIPLE = 256
 
 PATH_B200 = "b200-tcgen05"
+PATH_HOPPER = "hopper-sm90"
 PATH_PORTABLE = "portable-torch"
 
 
@@ -1335,8 +1336,9 @@ class LaunchPlan:
         self.slot = None
 
 
-class B200Launcher:
-    """custom_kernel's B200 host path.
+class GroupedGemmLauncher:
+    """custom_kernel's host path, for the B200 kernel (and the Hopper kernel
+    of `hopper.py`, which takes the same arguments).
 
     The first call with an input (cold) checks it and reads its tables in one
     pass (`gather_tables`; `validate_input` rules on anything that is not
@@ -1351,8 +1353,9 @@ class B200Launcher:
     `allow_cpu_tensors`."""
 
     def __init__(self, compile_fn=None, max_plans: int = 64, plan_factory=None, validate=None,
-                 allow_cpu_tensors: bool = False):
+                 allow_cpu_tensors: bool = False, config: Optional[TileConfig] = None):
         self.compile_fn = compile_fn or compile_grouped_gemm
+        self.config = config  # a fixed configuration; None: choose_config per shape set
         self.max_plans = max_plans  # beyond it, the oldest plan goes
         self.plans: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
         self.plan_factory = plan_factory or LaunchPlan
@@ -1381,7 +1384,7 @@ class B200Launcher:
         return [c for _, _, c in data[0]]
 
     def build(self, data, key, config: Optional[TileConfig]):
-        shape, words, device_index = self.check_and_gather(data, config)
+        shape, words, device_index = self.check_and_gather(data, config or self.config)
         compiled, _ = self.compile_fn(shape.config)
         plan = self.plan_factory(words, shape, compiled, device_index, self)
         self.register(plan, key, data)
@@ -1436,7 +1439,7 @@ class B200Launcher:
         return self.streams[key]
 
 
-_b200_launcher = B200Launcher()
+_b200_launcher = GroupedGemmLauncher()
 
 
 def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
@@ -1498,9 +1501,32 @@ def run_portable(data: input_t) -> output_t:
 # =============================================================================
 def code_path(device: torch.device) -> str:
     """Which implementation `custom_kernel` uses for tensors on `device`."""
-    if device.type == "cuda" and _capability(device.index) == (10, 0):
+    if device.type != "cuda":
+        return PATH_PORTABLE
+    return _path_for_index(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _path_for_index(index: Optional[int]) -> str:
+    if index is None or index < 0:
+        return PATH_PORTABLE
+    capability = _capability(index)
+    if capability == (10, 0):
         return PATH_B200
+    if capability == (9, 0) and _hopper_module() is not None:
+        return PATH_HOPPER
     return PATH_PORTABLE
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_module():
+    """The sm_90 kernel (hopper.py beside this file), or None where it is
+    absent: the leaderboard copies only this file, and never runs sm_90."""
+    try:
+        import hopper
+    except ImportError:
+        return None
+    return hopper
 
 
 @functools.lru_cache(maxsize=None)
@@ -1514,19 +1540,23 @@ _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device
 def custom_kernel(data: input_t) -> output_t:
     """Compute every group's C in place and return the list of C tensors.
 
-    Malformed input raises ValueError before anything runs: on the B200 path
-    the launcher checks each new input once (a repeated input was already
-    checked), elsewhere every call validates."""
+    Malformed input raises ValueError before anything runs: on the B200 and
+    Hopper paths the launcher checks each new input once (a repeated input
+    was already checked), elsewhere every call validates."""
     try:
         index = data[0][0][0].get_device()
     except (TypeError, IndexError, KeyError, AttributeError):
         validate_input(data)  # raises the precise error
         raise
-    if index >= 0 and _capability(index) == (10, 0):
+    path = _path_for_index(index)
+    if path == PATH_B200:
         if _current_device() == index:
             return run_b200(data)
         with torch.cuda.device(index):
             return run_b200(data)
+    if path == PATH_HOPPER:
+        with torch.cuda.device(index):
+            return _hopper_module().run_sm90(data)
     validate_input(data)
     with torch.cuda.device(data[0][0][0].device):
         return run_portable(data)

@@ -50,7 +50,8 @@ def test_custom_kernel_outside_the_task_shapes(ms):
 
 
 def test_code_path_label():
-    expected = submission.PATH_B200 if IS_B200 else submission.PATH_PORTABLE
+    capability = torch.cuda.get_device_capability()
+    expected = {(10, 0): submission.PATH_B200, (9, 0): submission.PATH_HOPPER}.get(capability, submission.PATH_PORTABLE)
     assert submission.code_path(torch.device("cuda")) == expected
 
 

@@ -42,7 +42,7 @@ def cpu_launcher(**kwargs):
     def validate(data):
         validated.append(1)
         submission.validate_structure(data)
-    launcher = submission.B200Launcher(compile_fn=lambda config: (None, None), plan_factory=RecordingPlan,
+    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: (None, None), plan_factory=RecordingPlan,
                                        validate=validate, allow_cpu_tensors=True, **kwargs)
     return launcher, validated
 
@@ -251,7 +251,7 @@ def expected_record(data):
 @needs_cuda
 def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
     import hostbench
-    launcher = submission.B200Launcher(compile_fn=hostbench.standin_compile)
+    launcher = submission.GroupedGemmLauncher(compile_fn=hostbench.standin_compile)
     data = generate_input((64, 200), (256, 512), (512, 256), 2, seed=3)
     launcher(data)
     assert recorded(launcher, data) == expected_record(data)

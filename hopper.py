@@ -1,0 +1,480 @@
+"""NVFP4 block-scaled grouped GEMM for Hopper (sm_90a): the same operation and
+input contract as `submission.py` (TASK.md), for the H100 and H200.
+
+Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
+
+    C[m, n] = fp16( sum_k a(m,k) sfa(m,k/16) b(n,k) sfb(n,k/16) )
+
+- A producer warp streams the packed FP4 tiles of A and B (TMA, per-CTA
+  descriptors rewritten when the CTA moves to another group, as the B200
+  kernel does) and the matching 1 KiB blocks of the reordered scale factors
+  (bulk copies: in the blocked layout the scale factors of 128 rows x 128 K
+  are contiguous) into `num_ab_stages` shared-memory stages.
+- One consumer warpgroup turns each stage into fp16 operands in shared
+  memory and multiplies them with wgmma (fp16 in, fp32 accumulate):
+  an E2M1 nibble n placed as the fp16 bit pattern (n & 8) << 12 | (n & 7) << 9
+  is value * 2^-14 (zero, subnormal 0.5 and normal values alike), and one
+  `mul.rn.f16x2` by fp16(scale) * 2^7 makes value * scale * 2^-7, exactly
+  (at most 5 significant bits, magnitudes 2^-17 .. 21). The product of two
+  such operands is the true product * 2^-14; the epilogue multiplies the
+  fp32 accumulator by 2^14 (exact) and rounds to fp16.
+  Each packed 32-bit word (8 consecutive K) yields its fp16 pairs in the K
+  order (0,4), (1,5), (2,6), (3,7); A and B use the same order, which leaves
+  every dot product unchanged.
+- Two fp16 buffers: the warpgroup converts stage k into one while the wgmma
+  of stage k-1 reads the other (`wait_group(1)` before a buffer is reused).
+
+Persistent: min(tiles, SMs) CTAs walk the tiles of all groups with the B200
+kernel's scheduler (`submission.locate_tile`), on the same run-time tables and
+host path (`submission.GroupedGemmLauncher`).
+
+Warps and pipelines:
+  warps 0-3  consumer warpgroup: dequantize, wgmma, epilogue (direct stores)
+  warp 4     producer: TMA A and B, bulk-copy SFA and SFB
+  ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
+      stage's transaction bytes) -> consumer warpgroup (4 arrives, lane 0 of
+      each consumer warp)
+"""
+import functools
+import os
+from typing import NamedTuple, Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+import submission
+from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileConfig, ceil_div,
+                        check_budget, locate_tile, prefetch_tensormap)
+
+# =============================================================================
+# Configuration
+# =============================================================================
+TILE_M = 64  # one consumer warpgroup: wgmma M = 64
+TILE_N = 128
+TILE_K = 128  # K per stage: 64 packed bytes per row, 8 scale factors per row
+PACKED_K_BYTES = TILE_K // 2
+SF_BLOCK_BYTES = 512  # blocked layout: 128 rows x 64 K of scale factors
+SF_STAGE_BYTES = 2 * SF_BLOCK_BYTES  # 128 rows x TILE_K
+SM90_CONFIG = TileConfig("sm90-64x128", TILE_M, TILE_N, swap_ab=False)
+
+CONSUMER_WARPS = (0, 1, 2, 3)
+PRODUCER_WARP = 4
+THREADS_PER_CTA = 32 * (len(CONSUMER_WARPS) + 1)
+CONSUMER_THREADS = 32 * len(CONSUMER_WARPS)
+CONSUMER_BARRIER_ID = 1
+AB_CONSUMER_ARRIVES = len(CONSUMER_WARPS)  # PipelineTmaAsync: lane 0 of each consumer warp
+NUM_F16_BUFFERS = 2
+SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
+SMEM_RESERVED = 1024
+NUM_TENSORMAPS = 2  # A, B (of the five slots the host's workspace has per CTA)
+ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
+
+F16X2_128 = 0x58005800  # fp16 128.0 in both halves
+
+
+def check_warp_roles() -> None:
+    """Arrive counts and barriers against the warp layout, at import (a
+    mismatch would hang a GPU, so it must fail here)."""
+    assert CONSUMER_WARPS == tuple(range(len(CONSUMER_WARPS))) and len(CONSUMER_WARPS) == 4
+    assert PRODUCER_WARP == len(CONSUMER_WARPS)
+    assert AB_CONSUMER_ARRIVES == len(CONSUMER_WARPS)
+    assert CONSUMER_THREADS % 128 == 0 and TILE_M == 64 * (CONSUMER_THREADS // 128)
+    assert TILE_K % (2 * 8 * SF_VEC_SIZE // 2) == 0
+
+
+check_warp_roles()
+
+
+# =============================================================================
+# Dequantization: E2M1 pairs and E4M3 scales to fp16 with inline PTX
+# =============================================================================
+def _asm(result_types, args, ptx: str, constraints: str):
+    return llvm.inline_asm(result_types, [a.ir_value() for a in args], ptx, constraints,
+                           has_side_effects=False, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.jit
+def scale_f16x2(sf_byte: cutlass.Uint32) -> cutlass.Uint32:
+    """fp16(E4M3 scale) * 2^7 in both halves of a 32-bit word."""
+    doubled = sf_byte | (sf_byte << 8)
+    return cutlass.Uint32(_asm(
+        cutlass.Uint32.mlir_type, [doubled],
+        "{\n\t.reg .b16 h;\n\t.reg .b32 s, c;\n\t"
+        "cvt.u16.u32 h, $1;\n\t"
+        "cvt.rn.f16x2.e4m3x2 s, h;\n\t"
+        f"mov.b32 c, {F16X2_128};\n\t"
+        "mul.rn.f16x2 $0, s, c;\n\t}",
+        "=r,r"))
+
+
+@cute.jit
+def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
+    """Eight E2M1 values (one 32-bit word, K ascending from the low nibble)
+    times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)."""
+    out = _asm(
+        llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
+        "{\n\t.reg .b32 q, t, s, x;\n\t"
+        "mov.b32 q, $4;\n\t"
+        # pair (3,7): nibbles at bits 12-15 and 28-31
+        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
+        "or.b32 x, s, t;\n\tmul.rn.f16x2 $3, x, $5;\n\t"
+        "shl.b32 q, q, 4;\n\t"  # (2,6)
+        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
+        "or.b32 x, s, t;\n\tmul.rn.f16x2 $2, x, $5;\n\t"
+        "shl.b32 q, q, 4;\n\t"  # (1,5)
+        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
+        "or.b32 x, s, t;\n\tmul.rn.f16x2 $1, x, $5;\n\t"
+        "shl.b32 q, q, 4;\n\t"  # (0,4)
+        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
+        "or.b32 x, s, t;\n\tmul.rn.f16x2 $0, x, $5;\n\t}",
+        "=r,=r,=r,=r,r,r")
+    return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
+
+
+def sf_offset(row, kb):
+    """Byte offset of the scale factor of `row` (0..127 within its 128-row
+    block) and 16-K block `kb` (0..7 within the stage) in a stage's 1 KiB of
+    the blocked layout: [K/64 block][row % 32][row / 32][kb % 4]."""
+    return (kb // 4) * SF_BLOCK_BYTES + (row % 32) * 16 + (row // 32) * 4 + kb % 4
+
+
+# =============================================================================
+# The kernel
+# =============================================================================
+class SmemLayouts(NamedTuple):
+    a_packed: cute.Layout  # (TILE_M, K/2 bytes, STAGE)
+    b_packed: cute.Layout  # (TILE_N, K/2 bytes, STAGE)
+    sf: cute.Layout  # (1 KiB, STAGE), SFA and SFB each
+    a16: cute.ComposedLayout  # (TILE_M, TILE_K, BUFFER) fp16, wgmma's K-major swizzle
+    b16: cute.ComposedLayout  # (TILE_N, TILE_K, BUFFER)
+
+
+class Sm90GroupedGemmKernel:
+    """Persistent grouped NVFP4 GEMM for sm_90a (see the module docstring)."""
+
+    def __init__(self):
+        self.config = SM90_CONFIG
+        self.tile_mnk = (TILE_M, TILE_N, TILE_K)
+
+    def _setup_attributes(self):
+        f16_bytes = (TILE_M + TILE_N) * TILE_K * 2 * NUM_F16_BUFFERS
+        free = SMEM_CAPACITY - SMEM_RESERVED - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - f16_bytes
+        self.num_ab_stages = min(8, free // self.stage_bytes())
+        check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
+
+    def make_tiled_mma(self):
+        return sm90_utils.make_trivial_tiled_mma(
+            cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float32, (1, 1, 1), tiler_mn=(64, TILE_N))
+
+    def make_layouts(self) -> SmemLayouts:
+        """Shared-memory layouts (static; made where they are used, host or device)."""
+        stages = self.num_ab_stages
+        return SmemLayouts(
+            a_packed=cute.make_layout((TILE_M, PACKED_K_BYTES, stages),
+                                      stride=(PACKED_K_BYTES, 1, TILE_M * PACKED_K_BYTES)),
+            b_packed=cute.make_layout((TILE_N, PACKED_K_BYTES, stages),
+                                      stride=(PACKED_K_BYTES, 1, TILE_N * PACKED_K_BYTES)),
+            sf=cute.make_layout((SF_STAGE_BYTES, stages)),
+            a16=sm90_utils.make_smem_layout_a(
+                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, NUM_F16_BUFFERS),
+            b16=sm90_utils.make_smem_layout_b(
+                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, NUM_F16_BUFFERS))
+
+    @staticmethod
+    def stage_bytes() -> int:
+        return (TILE_M + TILE_N) * PACKED_K_BYTES + 2 * SF_STAGE_BYTES
+
+    def _placeholder_tensors(self):
+        """Packed A and B as bytes, (rows, K/2), from which the TMA atoms are
+        built; each CTA rewrites the descriptors for its groups."""
+        rows, width = cutlass.Int32(128), cutlass.Int32(128)
+        return tuple(cute.make_tensor(
+            cute.make_ptr(cutlass.Uint8, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            cute.make_layout((rows, width), stride=(width, 1))) for _ in range(2))
+
+    @cute.jit
+    def __call__(
+        self,
+        ptr_problem_sizes: cute.Pointer,  # (G, 4) Int32: M, N, K, L
+        ptr_abc: cute.Pointer,  # (G, 3) Int64: A, B, C addresses
+        ptr_sf: cute.Pointer,  # (G, 2) Int64: SFA, SFB addresses (reordered)
+        ptr_tensormaps: cute.Pointer,  # (CTAs, 5, 16) Int64 workspace, 128-byte aligned
+        num_groups: cutlass.Int32,
+        total_tiles: cutlass.Int32,
+        num_ctas: cutlass.Int32,
+        stream,
+    ):
+        self._setup_attributes()
+        layouts = self.make_layouts()
+        a, b = self._placeholder_tensors()
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
+        tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+            g2s, a, one_stage(layouts.a_packed), (TILE_M, PACKED_K_BYTES))
+        tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
+            g2s, b, one_stage(layouts.b_packed), (TILE_N, PACKED_K_BYTES))
+
+        @cute.struct
+        class SharedStorage:
+            tensormaps: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Int64, NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8],
+                BYTES_PER_TENSORMAP]
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
+            a16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.a16)], 1024]
+            b16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.b16)], 1024]
+            a_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.a_packed)], 128]
+            b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 128]
+            sfa: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, SF_STAGE_BYTES * self.num_ab_stages], 128]
+            sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, SF_STAGE_BYTES * self.num_ab_stages], 128]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
+
+        problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
+        abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
+        sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
+        tensormaps = cute.make_tensor(
+            ptr_tensormaps,
+            cute.make_layout((num_ctas, submission.NUM_TENSORMAPS, BYTES_PER_TENSORMAP // 8),
+                             stride=(submission.TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
+        self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
+                    tensormaps, total_tiles).launch(
+            grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], smem=self.smem_bytes, stream=stream)
+
+    # -------------------------------------------------------------------------
+    # Device side: the dispatcher
+    # -------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA: cute.Tensor,
+               tma_atom_b: cute.CopyAtom, mB: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
+               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        _, _, bidz = cute.arch.block_idx()
+        _, _, grid_z = cute.arch.grid_dim()
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ab_mbar.data_ptr(),
+            num_stages=self.num_ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, AB_CONSUMER_ARRIVES),
+            tx_count=self.stage_bytes(),
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        tensormap_manager = utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
+        tensormap_smem = [storage.tensormaps.data_ptr() + i * (BYTES_PER_TENSORMAP // 8)
+                          for i in range(NUM_TENSORMAPS)]
+        tensormap_gmem = [tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, i, None)].iterator)
+                          for i in range(NUM_TENSORMAPS)]
+        cute.arch.sync_threads()  # barriers initialized
+
+        layouts = self.make_layouts()
+        if warp_idx == PRODUCER_WARP:
+            self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
+                          tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z)
+        if warp_idx < PRODUCER_WARP:
+            self.consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz,
+                          grid_z)
+
+    @cute.jit
+    def group_packed(self, problem_sizes: cute.Tensor, group, abc_ptrs):
+        """Packed A (M, K/2) and B (N, K/2) bytes of `group`."""
+        half_k = problem_sizes[group, 2] // 2
+
+        def rows_of(address, rows):
+            return cute.make_tensor(
+                cute.make_ptr(cutlass.Uint8, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+                cute.make_layout((rows, half_k), stride=(half_k, 1)))
+        return (rows_of(abc_ptrs[group, 0], problem_sizes[group, 0]),
+                rows_of(abc_ptrs[group, 1], problem_sizes[group, 1]))
+
+    # -------------------------------------------------------------------------
+    # Warp 4: producer
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def producer(self, layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
+                 tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z):
+        atoms = (tma_atom_a, tma_atom_b)
+        for i in cutlass.range_constexpr(NUM_TENSORMAPS):
+            cpasync.prefetch_descriptor(atoms[i])
+            tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], PRODUCER_WARP)
+        sA = storage.a_packed.get_tensor(layouts.a_packed)
+        sB = storage.b_packed.get_tensor(layouts.b_packed)
+        sSFA = storage.sfa.get_tensor(layouts.sf)
+        sSFB = storage.sfb.get_tensor(layouts.sf)
+        # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+            cute.group_modes(cute.local_tile(mA, (TILE_M, PACKED_K_BYTES), (None, None)), 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+            cute.group_modes(cute.local_tile(mB, (TILE_N, PACKED_K_BYTES), (None, None)), 0, 2))
+        bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=SF_STAGE_BYTES * 8)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        loaded_group = cutlass.Int32(-1)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(
+                problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
+            if group != loaded_group:
+                tensormap_manager.update_tensormap(
+                    self.group_packed(problem_sizes, group, abc_ptrs), atoms, tuple(tensormap_gmem),
+                    PRODUCER_WARP, tuple(tensormap_smem))
+                for i in cutlass.range_constexpr(NUM_TENSORMAPS):
+                    tensormap_manager.fence_tensormap_update(tensormap_gmem[i])
+                    prefetch_tensormap(tensormap_manager, tensormap_gmem[i])
+                loaded_group = group
+            k = problem_sizes[group, 2]
+            k_tiles = k // TILE_K
+            # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
+            sf_row_bytes = (k // 64) * SF_BLOCK_BYTES
+            sfa_base = sf_ptrs[group, 0] + (m_tile * TILE_M // 128) * sf_row_bytes
+            sfb_base = sf_ptrs[group, 1] + n_tile * sf_row_bytes
+            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+                ab_pipeline.producer_acquire(state)
+                barrier = ab_pipeline.producer_get_barrier(state)
+                cute.copy(tma_atom_a, tAgA[(None, m_tile, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier,
+                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tensormap_gmem[0], cute.AddressSpace.generic))
+                cute.copy(tma_atom_b, tBgB[(None, n_tile, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier,
+                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tensormap_gmem[1], cute.AddressSpace.generic))
+                # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
+                if cute.arch.lane_idx() == 0:
+                    for base, dst in ((sfa_base, sSFA), (sfb_base, sSFB)):
+                        src = cute.make_tensor(
+                            cute.make_ptr(cutlass.Uint8, base + k_tile * SF_STAGE_BYTES, cute.AddressSpace.gmem,
+                                          assumed_align=PTR_ALIGN_BYTES),
+                            cute.make_layout(SF_STAGE_BYTES))
+                        cute.copy(bulk, src, dst[(None, state.index)], mbar_ptr=barrier)
+                ab_pipeline.producer_commit(state)
+                state.advance()
+            tile += grid_z
+        ab_pipeline.producer_tail(state)
+
+    # -------------------------------------------------------------------------
+    # Warps 0-3: consumer warpgroup
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, rows: cutlass.Constexpr[int], row_in_block,
+                        tidx):
+        """Stage `stage` of packed rows and their scale factors into fp16
+        buffer `buffer`: thread t takes the 16-K blocks (row, t % 8) of rows
+        t / 8, t / 8 + 16, ..."""
+        kb = tidx % 8
+        words = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint32)  # (rows, 16)
+        for i in cutlass.range_constexpr(rows // 16):
+            row = tidx // 8 + 16 * i
+            scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row_in_block + row, kb), stage)]))
+            frag = cute.make_rmem_tensor((16,), cutlass.Float16)
+            frag32 = cute.recast_tensor(frag, cutlass.Uint32)
+            for half in cutlass.range_constexpr(2):
+                pairs = dequant_word(words[row, 2 * kb + half], scale)
+                for j in cutlass.range_constexpr(4):
+                    frag32[4 * half + j] = pairs[j]
+            dst = cute.local_tile(s16[(row, None, buffer)], (16,), (kb,))
+            cute.autovec_copy(frag, dst)
+
+    @cute.jit
+    def consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz, grid_z):
+        sA = storage.a_packed.get_tensor(layouts.a_packed)
+        sB = storage.b_packed.get_tensor(layouts.b_packed)
+        sSFA = storage.sfa.get_tensor(layouts.sf)
+        sSFB = storage.sfb.get_tensor(layouts.sf)
+        sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
+        sB16 = storage.b16.get_tensor(layouts.b16.outer, swizzle=layouts.b16.inner)
+        thr_mma = tiled_mma.get_slice(tidx)
+        # (MMA, MMA_M/N, MMA_K, BUFFER)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA16))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB16))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))).shape,
+                                    cutlass.Float32)
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))  # (m, n) of each accumulator
+        num_k_blocks = cute.size(tCrA, mode=[2])
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        buffer = cutlass.Int32(0)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(
+                problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
+            k_tiles = problem_sizes[group, 2] // TILE_K
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+                ab_pipeline.consumer_wait(state)
+                self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, TILE_M, (m_tile % 2) * TILE_M, tidx)
+                self.dequantize_rows(sB, sSFB, sB16, state.index, buffer, TILE_N, 0, tidx)
+                ab_pipeline.consumer_release(state)
+                # The fp16 operands were written by threads; wgmma reads them through the async proxy.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+                warpgroup.fence()
+                for kb in cutlass.range(num_k_blocks, unroll_full=True):
+                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buffer)], tCrB[(None, None, kb, buffer)], acc)
+                    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)  # the other buffer is free again
+                state.advance()
+                buffer = 1 - buffer
+            warpgroup.wait_group(0)
+            self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)
+            tile += grid_z
+
+    @cute.jit
+    def epilogue(self, acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile):
+        m = problem_sizes[group, 0]
+        n = problem_sizes[group, 1]
+        c = cute.make_tensor(
+            cute.make_ptr(cutlass.Float16, abc_ptrs[group, 2], cute.AddressSpace.gmem,
+                          assumed_align=PTR_ALIGN_BYTES),
+            cute.make_layout((m, n), stride=(n, 1)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            row, col = tCcC[i]
+            row = row + m_tile * TILE_M
+            if row < m:
+                c[row, col + n_tile * TILE_N] = (acc[i] * ACC_SCALE).to(cutlass.Float16)
+
+
+# =============================================================================
+# Compile and launch
+# =============================================================================
+def target_arch() -> str:
+    return os.environ.get("CUTE_DSL_ARCH", "sm_90a")
+
+
+@functools.lru_cache(maxsize=None)
+def compile_sm90(config: Optional[TileConfig] = None, arch: Optional[str] = None):
+    """(compiled, kernel), one compile per architecture; `config` is always
+    SM90_CONFIG (the launcher passes it)."""
+    kernel = Sm90GroupedGemmKernel()
+    null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
+    compiled = cute.compile(
+        kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
+        null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+        make_fake_stream())
+    return compiled, kernel
+
+
+_launcher = None
+
+
+def run_sm90(data):
+    global _launcher
+    if _launcher is None:
+        _launcher = submission.GroupedGemmLauncher(
+            compile_fn=lambda config: compile_sm90(config, target_arch()), config=SM90_CONFIG)
+    return _launcher(data)
