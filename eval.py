@@ -20,6 +20,7 @@ names; the PTX goes through CUDA's `ptxas -v` for registers and spills.
 import argparse
 import base64
 import dataclasses
+import itertools
 import json
 import math
 import multiprocessing
@@ -41,6 +42,7 @@ BENCHMARKS_FILE = ROOT / "cases" / "benchmarks.txt"
 
 NUM_INPUTS_PER_BENCHMARK = 15  # distinct inputs timed back to back per sample
 SEED_STEP = 42  # added to a benchmark's seed before each of its inputs
+H100_SM_COUNT = 132  # the smaller of the H100 and H200 (both 132 SMs), for Hopper plans
 L2_FLUSH_BYTES = 1 << 30  # written before every sample; several times any L2
 
 EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED, EXIT_NO_FD, EXIT_BAD_FILE = 0, 2, 112, 111, 113
@@ -470,6 +472,10 @@ PTX_FEATURES = {
     "tmem_load": r"tcgen05\.ld\.sync",
     "tmem_alloc": r"tcgen05\.alloc\.cta_group::1",
     "mbarrier_init": r"mbarrier\.init\.shared",
+    # the Hopper kernel (hopper.py)
+    "wgmma": r"wgmma\.mma_async",
+    "e4m3_to_f16x2": r"cvt\.rn\.f16x2\.e4m3x2",
+    "bulk_copy_load": r"cp\.async\.bulk\.shared::(?:cta|cluster)\.global",
 }
 PTX_THREADS = re.compile(r"\.reqntid (\d+), 1, 1")
 
@@ -496,12 +502,16 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     row = {"config": config_name, "arch": arch, "ok": False,
            "cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl")
            if _has_distribution("nvidia-cutlass-dsl") else "?"}
-    config = submission.TILE_CONFIGS[config_name]
     start = time.perf_counter()
     ptx, stopped_at = "", None
-    kernel = submission.Sm100GroupedGemmKernel(config)
+    hopper = None
+    if is_hopper_arch(arch):
+        import hopper
+        kernel = hopper.Sm90GroupedGemmKernel()
+    else:
+        kernel = submission.Sm100GroupedGemmKernel(submission.TILE_CONFIGS[config_name])
     try:
-        compiled = submission.compile_kernel(kernel)
+        compiled = hopper.compile_kernel(kernel) if hopper else submission.compile_kernel(kernel)
         ptx = ptx_text(compiled)
         # Whether launches can skip the DSL's per-call argument conversion
         # (submission.HostFunction); checked on the CPU against this release.
@@ -517,8 +527,8 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     try:
         if not ptx:
             raise RuntimeError(f"no PTX: {stopped_at or 'the DSL kept none'}")
-        row.update(stages_ab=kernel.num_ab_stages, stages_acc=kernel.num_acc_stages,
-                   stages_c=kernel.num_c_stages, dynamic_smem_bytes=kernel.smem_bytes)
+        row.update(stages_ab=kernel.num_ab_stages, stages_acc=getattr(kernel, "num_acc_stages", None),
+                   stages_c=getattr(kernel, "num_c_stages", None), dynamic_smem_bytes=kernel.smem_bytes)
         row["ptx_features"] = ptx_features(ptx)
         if keep_dir:
             Path(keep_dir).mkdir(parents=True, exist_ok=True)
@@ -545,11 +555,24 @@ def _has_distribution(name: str) -> bool:
         return False
 
 
-def compile_configs(arch: str, keep_dir: Optional[str]) -> list:
-    """Compile every tile configuration, each in its own process."""
+def is_hopper_arch(arch: str) -> bool:
+    return arch.startswith("sm_90")
+
+
+def kernel_configs(arch: str) -> list:
+    """The configurations compiled for `arch`: every B200 tile configuration,
+    or the Hopper kernel's one."""
     import submission
+    if is_hopper_arch(arch):
+        import hopper
+        return [hopper.SM90_CONFIG]
+    return list(submission.TILE_CONFIGS.values())
+
+
+def compile_configs(arch: str, keep_dir: Optional[str]) -> list:
+    """Compile every configuration for `arch`, each in its own process."""
     rows = []
-    for name in submission.TILE_CONFIGS:
+    for name in (c.name for c in kernel_configs(arch)):
         args = [sys.executable, "-W", "ignore", str(ROOT / "eval.py"), "compile-one", name, "--arch", arch]
         if keep_dir:
             args += ["--keep", keep_dir]
@@ -599,13 +622,14 @@ def print_compile_table(rows: list):
               + (f" (then: {r['stopped'][:80]})" if r.get("stopped") else ""))
 
 
-def shape_plans(shape_sets: list) -> list:
-    """For each shape set: the configuration the cost model picks and its launch plan."""
+def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = None) -> list:
+    """For each shape set: the configuration (the B200 cost model's pick
+    unless one is fixed) and its launch plan."""
     import submission
     plans = []
     for name, sizes in shape_sets:
-        config = submission.choose_config(sizes)
-        _, tiles, ctas = submission.launch_plan(sizes, config, submission.SM100_SM_COUNT)
+        config = fixed_config or submission.choose_config(sizes)
+        _, tiles, ctas = submission.launch_plan(sizes, config, num_sms or submission.SM100_SM_COUNT)
         plans.append({"case": name, "groups": len(sizes), "config": config.name,
                       "tiles": tiles, "ctas": ctas, "problem_sizes": [list(s) for s in sizes]})
     return plans
@@ -617,9 +641,10 @@ def command_compile(options) -> int:
         return EXIT_OK
     rows = compile_configs(options.arch, options.keep)
     dsl = rows[0].get("cutlass_dsl", "?") if rows else "?"
-    print(f"B200 kernel compiled for {options.arch} with nvidia-cutlass-dsl {dsl} (no GPU needed); "
-          "one kernel per tile configuration serves every shape set; ptxas -v per kernel "
-          "(smem B = dynamic shared memory):")
+    hopper = is_hopper_arch(options.arch)
+    print(f"{'Hopper kernel (hopper.py)' if hopper else 'B200 kernel'} compiled for {options.arch} with "
+          f"nvidia-cutlass-dsl {dsl} (no GPU needed); one kernel per tile configuration serves every "
+          "shape set; ptxas -v per kernel (smem B = dynamic shared memory):")
     print_compile_table(rows)
     compiled = {r["config"] for r in rows if r["ok"]}
     shape_sets = task_shape_sets(options.which)
@@ -627,8 +652,9 @@ def command_compile(options) -> int:
         shape_sets = [("custom", problem_sizes_of(parse_test_line(options.shape)))]
     elif options.which == "all":
         shape_sets += contract_shape_sets()
-    plans = shape_plans(shape_sets)
-    print(f"\nShape sets ({len(plans)}): the configuration the cost model picks, tiles and CTAs; "
+    plans = shape_plans(shape_sets, kernel_configs(options.arch)[0] if hopper else None,
+                        H100_SM_COUNT if hopper else None)
+    print(f"\nShape sets ({len(plans)}): the configuration {'' if hopper else 'the cost model picks'}, tiles and CTAs; "
           "each is served by the kernel compiled above:")
     for p in plans:
         status = "ok" if p["config"] in compiled else "FAIL: its configuration did not compile"
@@ -712,6 +738,9 @@ def environment_line() -> tuple:
     path = submission.code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
+    if path == submission.PATH_HOPPER:
+        return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
+                f"running the Hopper kernel of hopper.py instead [{path}].", True)
     return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
             f"running the portable path instead [{path}].", True)
 
@@ -852,7 +881,109 @@ def command_run(options) -> int:
         rows = human_tests(test_cases) + human_benchmarks(bench_cases)
         print_report(rows, path)
         failed |= not all(r["ok"] for r in rows)
+        if bench_cases and path != "b200-tcgen05":
+            print_peers(bench_cases, rows)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+# =============================================================================
+# Peers on a GPU other than a B200: torch's grouped GEMM in the same run
+# =============================================================================
+PEER_SAMPLES = 30
+
+
+def time_loop_us(call, inputs: list, samples: int = PEER_SAMPLES) -> float:
+    """Mean microseconds per call over `samples` leaderboard-style samples:
+    synchronize, flush L2, events around `call` on every input back to back."""
+    import torch
+    for data in inputs:  # warm-up: compiles, caches, plans
+        call(data)
+    total_ms = 0.0
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for data in inputs:
+            call(data)
+        end.record()
+        torch.cuda.synchronize()
+        total_ms += start.elapsed_time(end)
+    return total_ms * 1e3 / samples / len(inputs)
+
+
+def measured_bf16_peak_tflops() -> float:
+    """Dense bf16 TFLOP/s of torch.mm at 8192^3 on this GPU, measured now."""
+    import torch
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        torch.mm(a, b)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        torch.mm(a, b)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * 8192 ** 3 * 20 / (start.elapsed_time(end) * 1e-3) / 1e12
+
+
+def grouped_operands(data):
+    """(A of all groups stacked, B as (G, K, N) with K contiguous, M offsets):
+    `torch._grouped_mm`'s operands, bf16, from an input with one N and K."""
+    import torch
+    import submission
+    abc, _, sf_reordered, sizes = data
+    a = torch.cat([submission.dequantize_bf16(a, sfa, m, k)
+                   for (a, _, _), (sfa, _), (m, _, k, _) in zip(abc, sf_reordered, sizes)])
+    b = torch.stack([submission.dequantize_bf16(b, sfb, n, k)
+                     for (_, b, _), (_, sfb), (_, n, k, _) in zip(abc, sf_reordered, sizes)])
+    offsets = torch.tensor(list(itertools.accumulate(m for m, _, _, _ in sizes)),
+                           dtype=torch.int32, device=a.device)
+    return a, b.transpose(1, 2), offsets
+
+
+def print_peers(cases: list, rows: list) -> None:
+    """Per benchmark: this submission's path, torch._grouped_mm on operands
+    already in bf16, dequantize-then-_grouped_mm, and the portable path, all
+    timed the same way in this run; TFLOP/s and % of the measured bf16 peak."""
+    import torch
+    import submission
+    if not hasattr(torch, "_grouped_mm"):
+        print("\nPeers skipped: this torch has no torch._grouped_mm.")
+        return
+    peak = measured_bf16_peak_tflops()
+    path = submission.code_path(torch.device("cuda"))
+    print(f"\nPeers on {torch.cuda.get_device_name()} (mean us per call, leaderboard loop, "
+          f"{PEER_SAMPLES} samples; bf16 dense peak measured now: {peak:.0f} TFLOP/s):")
+    print(f"  {'#':>2} {'ours':>9} {'grouped_mm':>11} {'deq+gmm':>9} {'portable':>9} "
+          f"{'ours TFLOP/s':>12} {'% peak':>7} {'vs gmm':>7}  shape")
+    for case, row in zip(cases, (r for r in rows if r["kind"] == "benchmark")):
+        inputs = benchmark_inputs(case.args)
+        sizes = problem_sizes_of(case.args)
+        flops = flops_of(sizes)
+        ours = row["stats"].mean / 1e3 if row["ok"] else float("nan")
+        prepared = [grouped_operands(d) for d in inputs]
+        by_index = {id(d): p for d, p in zip(inputs, prepared)}
+
+        def pre_dequantized(data):
+            a, b, offsets = by_index[id(data)]
+            return torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16)
+
+        def dequantize_then(data):
+            a, b, offsets = grouped_operands(data)
+            return torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16)
+        try:
+            gmm = time_loop_us(pre_dequantized, inputs)
+            deq = time_loop_us(dequantize_then, inputs, samples=5)
+        except RuntimeError as error:  # e.g. alignment rules of this torch's grouped GEMM
+            print(f"  {row['index']:>2} torch._grouped_mm refused: {str(error)[:200]}")
+            continue
+        portable = time_loop_us(submission.run_portable, inputs, samples=5)
+        tflops = flops / (ours * 1e-6) / 1e12
+        print(f"  {row['index']:>2} {ours:>9.2f} {gmm:>11.2f} {deq:>9.2f} {portable:>9.2f} "
+              f"{tflops:>12.1f} {100 * tflops / peak:>6.1f}% {gmm / ours:>6.2f}x  {short_spec(sizes)}  [{path}]")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -461,12 +461,17 @@ def compile_sm90(config: Optional[TileConfig] = None, arch: Optional[str] = None
     """(compiled, kernel), one compile per architecture; `config` is always
     SM90_CONFIG (the launcher passes it)."""
     kernel = Sm90GroupedGemmKernel()
+    return compile_kernel(kernel), kernel
+
+
+def compile_kernel(kernel: Sm90GroupedGemmKernel):
+    """cute.compile with placeholder arguments of the host function's types
+    (the same as the B200 kernel's: `submission.host_arguments`)."""
     null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
-    compiled = cute.compile(
+    return cute.compile(
         kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
         null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
         make_fake_stream())
-    return compiled, kernel
 
 
 _launcher = None

@@ -81,8 +81,9 @@ class SeedPath:
     """What the seed did on the host for every call: three torch.tensor copies
     to the device, a fresh workspace, pointers, the DSL's plain call."""
 
-    def __init__(self, compile_fn):
+    def __init__(self, compile_fn, config=None):
         self.compile_fn = compile_fn
+        self.config = config  # None: the B200 cost model's choice
 
     def prepare(self, data):
         import cutlass
@@ -90,7 +91,7 @@ class SeedPath:
         from cutlass.cute.runtime import make_ptr
         abc_tensors, _, sf_tensors, problem_sizes = data
         device = abc_tensors[0][0].device
-        config = submission.choose_config(problem_sizes)
+        config = self.config or submission.choose_config(problem_sizes)
         compiled, _ = self.compile_fn(config)
         sizes, tiles, ctas = submission.launch_plan(problem_sizes, config, submission.sm_count(device.index))
         size_table = torch.tensor(sizes, dtype=torch.int32, device=device)
@@ -158,9 +159,17 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     if not cuda:
         return results
 
-    b200 = submission.code_path(device) == submission.PATH_B200
-    compile_fn = submission.compile_grouped_gemm if b200 else standin_compile
-    launcher = submission.GroupedGemmLauncher(compile_fn=compile_fn)
+    path = submission.code_path(device)
+    config = None  # the B200 cost model's choice per shape set
+    if path == submission.PATH_B200:
+        compile_fn, kernel = submission.compile_grouped_gemm, "B200 kernel"
+    elif path == submission.PATH_HOPPER:
+        hopper = submission._hopper_module()
+        compile_fn = lambda c: hopper.compile_sm90(c, hopper.target_arch())
+        config, kernel = hopper.SM90_CONFIG, "Hopper kernel (hopper.py)"
+    else:
+        compile_fn, kernel = standin_compile, "stand-in kernel (same parameters; this GPU has no tcgen05)"
+    launcher = submission.GroupedGemmLauncher(compile_fn=compile_fn, config=config)
     launcher(inputs[0])  # compile once, outside the timings
     torch.cuda.synchronize()
 
@@ -202,7 +211,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
             t0 = time.perf_counter()
             key = submission.input_key(data)
             t1 = time.perf_counter()
-            shape, words, index = launcher.check_and_gather(data, None)
+            shape, words, index = launcher.check_and_gather(data, launcher.config)
             t2 = time.perf_counter()
             plan = submission.LaunchPlan(words, shape, launcher.compile_fn(shape.config)[0], index, launcher)
             t3 = time.perf_counter()
@@ -215,7 +224,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
         torch.cuda.synchronize()
     results.update((name, statistics.median(values)) for name, values in steps.items())
 
-    seed = SeedPath(compile_fn)
+    seed = SeedPath(compile_fn, config)
     results["seed.total"] = per_call_us(seed, inputs, repeats)
     results["seed.prep"] = per_call_us(seed.prepare, inputs, repeats)
     results["seed.launch"] = results["seed.total"] - results["seed.prep"]
@@ -223,7 +232,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     if floors is not None:
         results["driver: empty kernel, ctypes cuLaunchKernel"] = floors[0]
         results["driver: 480-byte table, ctypes cuMemcpyHtoDAsync"] = floors[1]
-    results["kernel"] = "B200 kernel" if b200 else "stand-in kernel (same parameters; this GPU has no tcgen05)"
+    results["kernel"] = kernel
     return results
 
 

@@ -21,6 +21,12 @@ step python3 -c "import torch, cutlass; print('torch', torch.__version__, 'cutla
 step python3 -m pytest -q -rA -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 step python3 eval.py 2>&1 | tee "$OUT/eval.log"
 step python3 eval.py overhead 2>&1 | tee "$OUT/overhead.log"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$sanitizer" ]; then
+  step "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 9 python3 -W ignore scripts/sanitize_cases.py 2>&1 | tee "$OUT/memcheck.log"
+else
+  echo "=== compute-sanitizer not found: memcheck skipped"
+fi
 for mode in test benchmark; do
   file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt
   POPCORN_FD=3 python3 eval.py $mode $file 3>"$OUT/popcorn-$mode.txt"

@@ -49,6 +49,21 @@ def test_custom_kernel_outside_the_task_shapes(ms):
                                  tuple(256 * (i % 2 + 1) for i in range(g)), g, seed=99))
 
 
+def random_contract_sizes(seed: int):
+    """G 1..32, M 1..1024, N a multiple of 128, K a multiple of 256 (the contract)."""
+    import random
+    rng = random.Random(seed)
+    g = rng.randint(1, 32)
+    return ([rng.randint(1, 1024) for _ in range(g)], [128 * rng.randint(1, 16) for _ in range(g)],
+            [256 * rng.randint(1, 16) for _ in range(g)])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_custom_kernel_on_random_contract_shapes(seed):
+    ms, ns, ks = random_contract_sizes(seed)
+    run_and_check(generate_input(tuple(ms), tuple(ns), tuple(ks), len(ms), seed=1000 + seed))
+
+
 def test_code_path_label():
     capability = torch.cuda.get_device_capability()
     expected = {(10, 0): submission.PATH_B200, (9, 0): submission.PATH_HOPPER}.get(capability, submission.PATH_PORTABLE)

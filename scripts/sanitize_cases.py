@@ -1,0 +1,23 @@
+"""custom_kernel on one test shape and one benchmark shape, checked against the
+reference: run under `compute-sanitizer --tool memcheck` by scripts/gpu-check.sh."""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import submission  # noqa: E402
+from eval import BENCHMARKS_FILE, TESTS_FILE, read_test_file  # noqa: E402
+from reference import check_implementation, generate_input  # noqa: E402
+
+failed = False
+for path, index in ((TESTS_FILE, 3), (BENCHMARKS_FILE, 3)):
+    case = read_test_file(path)[index]
+    data = generate_input(**case.args)
+    output = submission.custom_kernel(data)
+    torch.cuda.synchronize()
+    good, message = check_implementation(data, output)
+    print(f"{path.name}[{index}] {case.spec}: {'pass' if good else 'FAIL ' + message[:300]} "
+          f"[{submission.code_path(torch.device('cuda'))}]")
+    failed |= not good
+sys.exit(1 if failed else 0)

@@ -1,0 +1,112 @@
+"""The Hopper (sm_90a) kernel of hopper.py: it compiles on the CPU for every
+task shape, its dequantization identity holds for every E2M1 x E4M3 pair, and
+its scale-factor offsets address the blocked layout the leaderboard makes.
+It runs on a Hopper GPU through custom_kernel (tests/test_gpu.py)."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
+from test_compile import DSL_INSTALLS, env_for
+
+hopper = pytest.importorskip("hopper")
+
+_reports = {}
+
+
+@pytest.fixture(params=DSL_INSTALLS)
+def report(request, tmp_path_factory):
+    """`eval.py compile --arch sm_90a --json` under one DSL install, once per session."""
+    if request.param not in _reports:
+        out = tmp_path_factory.mktemp(f"hopper-{request.param}")
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "eval.py", "compile", "--arch", "sm_90a", "--json",
+             str(out / "r.json"), "--keep", str(out / "ptx")],
+            cwd=ROOT, env=env_for(request.param), capture_output=True, text=True, timeout=1800)
+        report = json.loads((out / "r.json").read_text()) if (out / "r.json").exists() else None
+        _reports[request.param] = (done, report)
+    done, report = _reports[request.param]
+    kernels = report["kernels"] if report else []
+    if kernels and all("PtxasTooOld" in k.get("error", "") for k in kernels):
+        pytest.skip(f"the PTX is newer than this machine's ptxas: {kernels[0]['error']}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return report
+
+
+def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
+    (kernel,) = report["kernels"]
+    assert kernel["ok"] and kernel["config"] == hopper.SM90_CONFIG.name, kernel
+    assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
+    assert 0 < kernel["registers"] <= 255 and 0 < kernel["dynamic_smem_bytes"] <= hopper.SMEM_CAPACITY
+    assert kernel["direct_host_arguments"] is True
+    expected = [[[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])]
+                for c in TEST_CASES + BENCHMARK_CASES]
+    plans = report["shape_sets"]
+    assert [p["problem_sizes"] for p in plans[:14]] == expected
+    assert all(p["config"] == hopper.SM90_CONFIG.name and p["tiles"] >= 1 for p in plans)
+
+
+def test_ptx_has_the_designed_instructions(report):
+    (kernel,) = report["kernels"]
+    with open(kernel["ptx_file"]) as f:
+        ptx = f.read()
+    features = kernel["ptx_features"]
+    # fp16 wgmma, fp32 accumulators: one per 16-wide K block of a stage
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16", ptx)) == hopper.TILE_K // 16
+    # packed A and B by TMA through per-CTA descriptors; scale factors by bulk copy
+    assert features["tma_load"] == 2 and features["bulk_copy_load"] == 2
+    assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.NUM_TENSORMAPS
+    # E4M3 scales converted in pairs; fp16 operands written with 16-byte stores, fenced for wgmma
+    assert features["e4m3_to_f16x2"] >= 1
+    assert len(re.findall(r"st\.shared\.v4", ptx)) >= (hopper.TILE_M + hopper.TILE_N) // 16 * 2
+    assert "fence.proxy.async.shared::cta" in ptx
+    assert features["threads_per_cta"] == hopper.THREADS_PER_CTA == 160
+
+
+# ---- the arithmetic, emulated bit for bit on the CPU ------------------------------
+def f16(bits: int) -> float:
+    return float(torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.float16)[0])
+
+
+def e2m1(nibble: int) -> float:
+    magnitude = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)[nibble & 7]
+    return -magnitude if nibble & 8 else magnitude
+
+
+def test_the_dequantization_identity_holds_for_every_pair():
+    # dequant_word: nibble n at bits 12-15 of a half -> (n & 8) << 12 | (n & 7) << 9 = value * 2^-14
+    for nibble in range(16):
+        half = nibble << 12
+        pattern = (half & 0x8000) | ((half & 0x7000) >> 3)
+        assert f16(pattern) == e2m1(nibble) * 2.0 ** -14
+    # scale_f16x2: fp16(E4M3) * 2^7; the product rounded once to fp16 is exact
+    scales = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = scales[torch.isfinite(scales)]
+    values = torch.tensor([e2m1(n) for n in range(16)])
+    scale16 = (finite.half() * 128).float()
+    assert torch.equal(scale16, finite * 128)  # every finite scale * 2^7 is exact in fp16
+    operand = (values[:, None] * 2.0 ** -14).half().float() * scale16[None, :]
+    assert torch.equal(operand.half().float(), values[:, None] * finite[None, :] * 2.0 ** -7)
+    assert operand.abs().max() < 65504  # no fp16 overflow
+    assert hopper.ACC_SCALE == 2.0 ** 14
+
+
+def test_scale_factor_offsets_address_the_blocked_layout():
+    from reference import generate_input
+    import submission
+    m, n, k = 200, 256, 768
+    data = generate_input((m,), (n,), (k,), 1, seed=7, device="cpu")
+    sfa_plain = data[1][0][0]  # [M, K/16, 1] E4M3 in row order
+    blocked = data[2][0][0].permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).flatten()
+    assert blocked.numel() == submission.ceil_div(m, 128) * 128 * k // 16
+    row_blocks_k = k // 64
+    for row in (0, 1, 31, 32, 77, 127, 128, 199):
+        for k_block in range(k // 16):
+            stage, kb = divmod(k_block, hopper.TILE_K // 16)
+            base = (row // 128) * row_blocks_k * hopper.SF_BLOCK_BYTES + stage * hopper.SF_STAGE_BYTES
+            got = blocked[base + hopper.sf_offset(row % 128, kb)]
+            assert got == sfa_plain[row, k_block, 0].view(torch.uint8), (row, k_block)
