@@ -1,4 +1,4 @@
-"""Host time of custom_kernel's B200 launcher (`python eval.py overhead`).
+"""Host time of custom_kernel's launcher (`python eval.py overhead`).
 
 The leaderboard times 15 back-to-back custom_kernel calls with CUDA events;
 whenever the host takes longer than the GPU, the host time is what is measured.
@@ -8,13 +8,16 @@ This module measures that host time per call:
 - cold: fresh tensors on every call,
 
 each split into preparation (finding or building the launch plan) and launch
-(the kernel call). On a CPU only the preparation that needs no GPU is timed.
+(the kernel call), the cold call also step by step, beside the two driver calls
+no host path can avoid (timed through ctypes). On a CPU only the preparation
+that needs no GPU is timed.
 
-On a GPU that cannot run tcgen05 (anything but a B200), the launcher is timed
-with a stand-in kernel compiled for the local GPU whose host function has the
-same parameters as the B200 kernel's, so the DSL's argument handling costs the
-same; the stand-in only records its arguments. It lives here, never in
-submission.py, and is only reached through this module.
+On a B200 the launcher launches the B200 kernel, on sm_90 the Hopper kernel of
+hopper.py (same host arguments). On any other GPU it is timed with a stand-in
+kernel compiled for the local GPU whose host function has the same parameters
+as the B200 kernel's, so the DSL's argument handling costs the same; the
+stand-in only records its arguments. It lives here, never in submission.py,
+and is only reached through this module.
 
 The seed's host path (three torch.tensor copies to the device, a workspace
 allocation and the DSL's plain call, every call) is measured the same way in
