@@ -10,30 +10,36 @@ Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
   kernel does) and the matching 1 KiB blocks of the reordered scale factors
   (bulk copies: in the blocked layout the scale factors of 128 rows x 128 K
   are contiguous) into `num_ab_stages` shared-memory stages.
-- One consumer warpgroup turns each stage into fp16 operands in shared
-  memory and multiplies them with wgmma (fp16 in, fp32 accumulate):
-  an E2M1 nibble n placed as the fp16 bit pattern (n & 8) << 12 | (n & 7) << 9
-  is value * 2^-14 (zero, subnormal 0.5 and normal values alike), and one
-  `mul.rn.f16x2` by fp16(scale) * 2^7 makes value * scale * 2^-7, exactly
-  (at most 5 significant bits, magnitudes 2^-17 .. 21). The product of two
-  such operands is the true product * 2^-14; the epilogue multiplies the
-  fp32 accumulator by 2^14 (exact) and rounds to fp16.
-  Each packed 32-bit word (8 consecutive K) yields its fp16 pairs in the K
-  order (0,4), (1,5), (2,6), (3,7); A and B use the same order, which leaves
+- Two consumer warpgroups turn each stage into fp16 operands in shared
+  memory and multiply them with wgmma (fp16 in, fp32 accumulate). A CTA tile
+  is 128 x 128 (M x N); warpgroup w converts and multiplies A rows
+  64w .. 64w + 63 and converts half of B (rows 64w .. 64w + 63), which both
+  read. A warpgroup whose A rows are all past M only converts its half of B.
+- The conversion: an E2M1 nibble n placed as the fp16 bit pattern
+  (n & 8) << 12 | (n & 7) << 9 is value * 2^-14 (zero, subnormal 0.5 and
+  normal values alike), and one `mul.rn.f16x2` by fp16(scale) * 2^7 makes
+  value * scale * 2^-7, exactly (at most 5 significant bits, magnitudes
+  2^-17 .. 21). The product of two such operands is the true product * 2^-14;
+  the epilogue multiplies the fp32 accumulator by 2^14 (exact) and rounds to
+  fp16. Each packed 32-bit word (8 consecutive K) yields its fp16 pairs in the
+  K order (0,4), (1,5), (2,6), (3,7); A and B use the same order, which leaves
   every dot product unchanged.
-- Two fp16 buffers: the warpgroup converts stage k into one while the wgmma
-  of stage k-1 reads the other (`wait_group(1)` before a buffer is reused).
+- Two fp16 buffers: stage k is converted into one while the wgmma of stage
+  k-1 reads the other; each warpgroup then waits for its own wgmma
+  (wait_group 0) and both meet at a named barrier before either multiplies,
+  so no buffer is rewritten while a wgmma may still read it.
 
 Persistent: min(tiles, SMs) CTAs walk the tiles of all groups with the B200
 kernel's scheduler (`submission.locate_tile`), on the same run-time tables and
 host path (`submission.GroupedGemmLauncher`).
 
 Warps and pipelines:
-  warps 0-3  consumer warpgroup: dequantize, wgmma, epilogue (direct stores)
-  warp 4     producer: TMA A and B, bulk-copy SFA and SFB
+  warps 0-7  consumer warpgroups 0 and 1: convert, wgmma, epilogue (direct stores)
+  warp 8     producer: TMA A and B, bulk-copy SFA and SFB
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
-      stage's transaction bytes) -> consumer warpgroup (4 arrives, lane 0 of
-      each consumer warp)
+      stage's transaction bytes) -> consumers (8 arrives, lane 0 of each
+      consumer warp)
+  named barrier 1: the 256 consumer threads, once per stage
 """
 import functools
 import os
@@ -55,19 +61,19 @@ from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileC
 # =============================================================================
 # Configuration
 # =============================================================================
-TILE_M = 64  # one consumer warpgroup: wgmma M = 64
+TILE_M = 128  # two consumer warpgroups: wgmma M = 64 each
 TILE_N = 128
 TILE_K = 128  # K per stage: 64 packed bytes per row, 8 scale factors per row
 PACKED_K_BYTES = TILE_K // 2
 SF_BLOCK_BYTES = 512  # blocked layout: 128 rows x 64 K of scale factors
 SF_STAGE_BYTES = 2 * SF_BLOCK_BYTES  # 128 rows x TILE_K
-SM90_CONFIG = TileConfig("sm90-64x128", TILE_M, TILE_N, swap_ab=False)
+SM90_CONFIG = TileConfig("sm90-128x128", TILE_M, TILE_N, swap_ab=False)
 
-CONSUMER_WARPS = (0, 1, 2, 3)
-PRODUCER_WARP = 4
+CONSUMER_WARPS = tuple(range(8))  # warpgroups 0 and 1
+PRODUCER_WARP = 8
 THREADS_PER_CTA = 32 * (len(CONSUMER_WARPS) + 1)
 CONSUMER_THREADS = 32 * len(CONSUMER_WARPS)
-CONSUMER_BARRIER_ID = 1
+CONSUMER_BARRIER_ID = 1  # both consumer warpgroups: fp16 stage written, own wgmma done
 AB_CONSUMER_ARRIVES = len(CONSUMER_WARPS)  # PipelineTmaAsync: lane 0 of each consumer warp
 NUM_F16_BUFFERS = 2
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
@@ -81,7 +87,7 @@ F16X2_128 = 0x58005800  # fp16 128.0 in both halves
 def check_warp_roles() -> None:
     """Arrive counts and barriers against the warp layout, at import (a
     mismatch would hang a GPU, so it must fail here)."""
-    assert CONSUMER_WARPS == tuple(range(len(CONSUMER_WARPS))) and len(CONSUMER_WARPS) == 4
+    assert CONSUMER_WARPS == tuple(range(len(CONSUMER_WARPS))) and len(CONSUMER_WARPS) == 8
     assert PRODUCER_WARP == len(CONSUMER_WARPS)
     assert AB_CONSUMER_ARRIVES == len(CONSUMER_WARPS)
     assert CONSUMER_THREADS % 128 == 0 and TILE_M == 64 * (CONSUMER_THREADS // 128)
@@ -172,7 +178,7 @@ class Sm90GroupedGemmKernel:
     def make_tiled_mma(self):
         return sm90_utils.make_trivial_tiled_mma(
             cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (1, 1, 1), tiler_mn=(64, TILE_N))
+            cutlass.Float32, (TILE_M // 64, 1, 1), tiler_mn=(64, TILE_N))
 
     def make_layouts(self) -> SmemLayouts:
         """Shared-memory layouts (static; made where they are used, host or device)."""
@@ -368,16 +374,17 @@ class Sm90GroupedGemmKernel:
     # Warps 0-3: consumer warpgroup
     # -------------------------------------------------------------------------
     @cute.jit
-    def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, rows: cutlass.Constexpr[int], row_in_block,
-                        tidx):
-        """Stage `stage` of packed rows and their scale factors into fp16
-        buffer `buffer`: thread t takes the 16-K blocks (row, t % 8) of rows
-        t / 8, t / 8 + 16, ..."""
+    def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, first_row, tidx):
+        """Rows first_row .. first_row + 63 of stage `stage` (packed rows and
+        their scale factors) into fp16 buffer `buffer`: thread t (of the
+        warpgroup) takes the 16-K blocks (row, t % 8) of rows first_row + t / 8
+        + 16 i. Tiles start on 128-row boundaries, so a row of the tile is also
+        its row in the scale factors' 128-row block."""
         kb = tidx % 8
         words = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint32)  # (rows, 16)
-        for i in cutlass.range_constexpr(rows // 16):
-            row = tidx // 8 + 16 * i
-            scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row_in_block + row, kb), stage)]))
+        for i in cutlass.range_constexpr(4):
+            row = first_row + tidx // 8 + 16 * i
+            scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row, kb), stage)]))
             frag = cute.make_rmem_tensor((16,), cutlass.Float16)
             frag32 = cute.recast_tensor(frag, cutlass.Uint32)
             for half in cutlass.range_constexpr(2):
@@ -389,6 +396,8 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz, grid_z):
+        wg = tidx // 128
+        wg_tidx = tidx % 128
         sA = storage.a_packed.get_tensor(layouts.a_packed)
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFA = storage.sfa.get_tensor(layouts.sf)
@@ -396,13 +405,15 @@ class Sm90GroupedGemmKernel:
         sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
         sB16 = storage.b16.get_tensor(layouts.b16.outer, swizzle=layouts.b16.inner)
         thr_mma = tiled_mma.get_slice(tidx)
-        # (MMA, MMA_M/N, MMA_K, BUFFER)
+        # (MMA, MMA_M/N, MMA_K, BUFFER); each warpgroup's A partition is its 64 rows
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA16))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB16))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))).shape,
-                                    cutlass.Float32)
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))  # (m, n) of each accumulator
+        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         num_k_blocks = cute.size(tCrA, mode=[2])
+        # Always accumulate (the accumulator is zeroed per tile): the flag never
+        # changes inside the run-time loops and branches.
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         buffer = cutlass.Int32(0)
@@ -412,26 +423,32 @@ class Sm90GroupedGemmKernel:
         while tile < total_tiles:
             group, group_first_tile, m_tile, n_tile = locate_tile(
                 problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
-            k_tiles = problem_sizes[group, 2] // TILE_K
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+            # A warpgroup whose 64 rows are all past M converts only its half of B.
+            rows_live = m_tile * TILE_M + 64 * wg < problem_sizes[group, 0]
+            acc.fill(0.0)
+            for k_tile in cutlass.range(0, problem_sizes[group, 2] // TILE_K, 1, unroll=1):
                 ab_pipeline.consumer_wait(state)
-                self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, TILE_M, (m_tile % 2) * TILE_M, tidx)
-                self.dequantize_rows(sB, sSFB, sB16, state.index, buffer, TILE_N, 0, tidx)
+                if rows_live:
+                    self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
+                self.dequantize_rows(sB, sSFB, sB16, state.index, buffer, 64 * wg, wg_tidx)
                 ab_pipeline.consumer_release(state)
-                # The fp16 operands were written by threads; wgmma reads them through the async proxy.
+                # The previous stage's wgmma is done in both warpgroups (its buffers
+                # are free again) and the fp16 stage, written by threads, is visible
+                # to wgmma's async proxy, before either multiplies.
+                warpgroup.wait_group(0)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
-                warpgroup.fence()
-                for kb in cutlass.range(num_k_blocks, unroll_full=True):
-                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buffer)], tCrB[(None, None, kb, buffer)], acc)
-                    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)  # the other buffer is free again
+                if rows_live:
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buffer)], tCrB[(None, None, kb, buffer)],
+                                  acc)
+                    warpgroup.commit_group()
                 state.advance()
                 buffer = 1 - buffer
             warpgroup.wait_group(0)
-            self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)
+            if rows_live:
+                self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)
             tile += grid_z
 
     @cute.jit

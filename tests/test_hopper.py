@@ -62,9 +62,10 @@ def test_ptx_has_the_designed_instructions(report):
     assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.NUM_TENSORMAPS
     # E4M3 scales converted in pairs; fp16 operands written with 16-byte stores, fenced for wgmma
     assert features["e4m3_to_f16x2"] >= 1
-    assert len(re.findall(r"st\.shared\.v4", ptx)) >= (hopper.TILE_M + hopper.TILE_N) // 16 * 2
+    # each thread converts four 16-K blocks of A rows and four of B rows, two 16-byte stores each
+    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * 4 * 2
     assert "fence.proxy.async.shared::cta" in ptx
-    assert features["threads_per_cta"] == hopper.THREADS_PER_CTA == 160
+    assert features["threads_per_cta"] == hopper.THREADS_PER_CTA == 288
 
 
 # ---- the arithmetic, emulated bit for bit on the CPU ------------------------------
