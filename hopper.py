@@ -56,7 +56,7 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 
 import submission
 from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileConfig, ceil_div,
-                        check_budget, locate_tile, prefetch_tensormap)
+                        check_budget, locate_tile, publish_tensormaps)
 
 # =============================================================================
 # Configuration
@@ -245,13 +245,8 @@ class Sm90GroupedGemmKernel:
         self.smem_bytes = SharedStorage.size_in_bytes()
         check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
 
-        problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
-        abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
-        sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
-        tensormaps = cute.make_tensor(
-            ptr_tensormaps,
-            cute.make_layout((num_ctas, submission.NUM_TENSORMAPS, BYTES_PER_TENSORMAP // 8),
-                             stride=(submission.TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
+        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, total_tiles).launch(
             grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], smem=self.smem_bytes, stream=stream)
@@ -337,12 +332,8 @@ class Sm90GroupedGemmKernel:
             group, group_first_tile, m_tile, n_tile = locate_tile(
                 problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
             if group != loaded_group:
-                tensormap_manager.update_tensormap(
-                    self.group_packed(problem_sizes, group, abc_ptrs), atoms, tuple(tensormap_gmem),
-                    PRODUCER_WARP, tuple(tensormap_smem))
-                for i in cutlass.range_constexpr(NUM_TENSORMAPS):
-                    tensormap_manager.fence_tensormap_update(tensormap_gmem[i])
-                    prefetch_tensormap(tensormap_manager, tensormap_gmem[i])
+                publish_tensormaps(tensormap_manager, self.group_packed(problem_sizes, group, abc_ptrs), atoms,
+                                   tuple(tensormap_gmem), PRODUCER_WARP, tuple(tensormap_smem))
                 loaded_group = group
             k = problem_sizes[group, 2]
             k_tiles = k // TILE_K

@@ -323,6 +323,32 @@ def prefetch_tensormap(tensormap_manager, gmem_ptr) -> None:
         prefetch(generic.llvm_ptr, tensormap=True)
 
 
+def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas):
+    """The host function's pointer arguments as tensors (called while tracing
+    a kernel's host function; the Hopper kernel of hopper.py shares it):
+    (G, 4) Int32 sizes, (G, 3) Int64 abc addresses, (G, 2) Int64 sf addresses,
+    (CTAs, 5, 16) Int64 tensormap workspace."""
+    problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
+    abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
+    sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
+    tensormaps = cute.make_tensor(
+        ptr_tensormaps,
+        cute.make_layout((num_ctas, NUM_TENSORMAPS, BYTES_PER_TENSORMAP // 8),
+                         stride=(TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
+    return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
+
+
+def publish_tensormaps(tensormap_manager, tensors, atoms, gmem_ptrs, warp: int, smem_ptrs) -> None:
+    """Rewrite a CTA's descriptors for `tensors` (in shared memory, by
+    `warp`), publish them to their global copies and fence and prefetch each
+    before the first copy that uses it: a CTA's move to another group (the
+    B200 kernel's producer and epilogue, the Hopper kernel's producer)."""
+    tensormap_manager.update_tensormap(tensors, atoms, gmem_ptrs, warp, smem_ptrs)
+    for i in range(len(gmem_ptrs)):  # unrolled while tracing
+        tensormap_manager.fence_tensormap_update(gmem_ptrs[i])
+        prefetch_tensormap(tensormap_manager, gmem_ptrs[i])
+
+
 # =============================================================================
 # The B200 kernel
 # =============================================================================
@@ -486,13 +512,8 @@ class Sm100GroupedGemmKernel:
         self.smem_bytes = SharedStorage.size_in_bytes()
         check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
 
-        problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
-        abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
-        sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
-        tensormaps = cute.make_tensor(
-            ptr_tensormaps,
-            cute.make_layout((num_ctas, NUM_TENSORMAPS, BYTES_PER_TENSORMAP // 8),
-                             stride=(TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
+        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
 
         self.kernel(
             tiled_mma,
@@ -661,12 +682,8 @@ class Sm100GroupedGemmKernel:
         while tile < total_tiles:
             group, group_first_tile, m_tile, n_tile = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
             if group != loaded_group:
-                tensormap_manager.update_tensormap(
-                    self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), atoms,
-                    tuple(tensormap_gmem[:4]), TMA_WARP, tuple(tensormap_smem[:4]))
-                for i in cutlass.range_constexpr(4):
-                    tensormap_manager.fence_tensormap_update(tensormap_gmem[i])
-                    prefetch_tensormap(tensormap_manager, tensormap_gmem[i])
+                publish_tensormaps(tensormap_manager, self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs),
+                                   atoms, tuple(tensormap_gmem[:4]), TMA_WARP, tuple(tensormap_smem[:4]))
                 loaded_group = group
             k_tiles = ceil_div(problem_sizes[group, 2], self.tile_mnk[2])
             # (source ((ATOM_V, REST_V), REST_K), stage destination, descriptor) per tensor
