@@ -111,3 +111,31 @@ def test_scale_factor_offsets_address_the_blocked_layout():
             base = (row // 128) * row_blocks_k * hopper.SF_BLOCK_BYTES + stage * hopper.SF_STAGE_BYTES
             got = blocked[base + hopper.sf_offset(row % 128, kb)]
             assert got == sfa_plain[row, k_block, 0].view(torch.uint8), (row, k_block)
+
+
+# ---- dispatch ------------------------------------------------------------------
+def test_sm90_goes_to_the_hopper_kernel_and_falls_back_without_it(monkeypatch):
+    import submission
+    monkeypatch.setattr(submission, "_capability", lambda index: (9, 0))
+    submission._path_for_index.cache_clear()
+    try:
+        assert submission._path_for_index(0) == submission.PATH_HOPPER
+        submission._path_for_index.cache_clear()
+        monkeypatch.setattr(submission, "_hopper_module", lambda: None)  # hopper.py absent
+        assert submission._path_for_index(0) == submission.PATH_PORTABLE
+        submission._path_for_index.cache_clear()
+        monkeypatch.setattr(submission, "_capability", lambda index: (10, 0))
+        assert submission._path_for_index(0) == submission.PATH_B200
+    finally:
+        submission._path_for_index.cache_clear()
+    assert submission.code_path(torch.device("cpu")) == submission.PATH_PORTABLE
+
+
+def test_the_launcher_uses_the_hopper_tile_for_its_tables():
+    import submission
+    from reference import generate_input
+    data = generate_input((80, 300), (256, 128), (512, 256), 2, seed=3, device="cpu")
+    shape = submission.shape_plan(tuple(map(tuple, data[3])), -1, 132, hopper.SM90_CONFIG)
+    assert shape.config is hopper.SM90_CONFIG
+    # 128 x 128 tiles: 1 x 2 for (80, 256), 3 x 1 for (300, 128)
+    assert shape.tiles == 2 + 3 and shape.ctas == 5
