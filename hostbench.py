@@ -21,7 +21,10 @@ and is only reached through this module.
 
 The seed's host path (three torch.tensor copies to the device, a workspace
 allocation and the DSL's plain call, every call) is measured the same way in
-the same run, as the baseline.
+the same run, as the baseline. Its torch.tensor copies from pageable memory
+wait for the device's earlier work, so with a real kernel (B200, Hopper) its
+figures include waiting for the previous launches: the cost it has in the
+leaderboard's loop, where it keeps the host and the GPU in lockstep.
 """
 import statistics
 import time
