@@ -87,6 +87,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import struct
 import weakref
 from collections import OrderedDict
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -1245,6 +1246,24 @@ def argument_layout_matches(compiled) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def _packed_format(num_extras: int) -> struct.Struct:
+    return struct.Struct("<%dQ" % (2 * len(HOST_ARG_WIDTHS) + num_extras))
+
+
+def pack_host_arguments(values, stream: int, extras) -> Tuple[ctypes.Array, int]:
+    """The argument storage a compiled host function is called with, in one
+    buffer: the argument values (`host_arguments` order, then the stream),
+    8 bytes each (a 4-byte argument in the low half, little-endian), then the
+    array the host function takes: each value's address, then `extras`.
+    Returns (the buffer, which must outlive every call; the array's address)."""
+    count = len(HOST_ARG_WIDTHS)
+    buffer = (ctypes.c_uint64 * (2 * count + len(extras)))()
+    base = ctypes.addressof(buffer)
+    _packed_format(len(extras)).pack_into(buffer, 0, *values, stream, *range(base, base + 8 * count, 8), *extras)
+    return buffer, base + 8 * count
+
+
 class HostFunction:
     """A compiled kernel's host function on one device, called with argument
     storage owned here.
@@ -1267,7 +1286,7 @@ class HostFunction:
             capi = executor.capi_func
             self.result = executor.cuda_result if executor._has_cuda_result else None
             extras = [executor._cuda_result_addr] if self.result is not None else []
-            extras += [p.value for p in (executor._kernel_ptrs or [])]
+            extras += [p.value or 0 for p in (executor._kernel_ptrs or [])]
         except (AttributeError, TypeError, NotImplementedError):
             return
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
@@ -1278,13 +1297,10 @@ class HostFunction:
         if self.capi is None:
             from cuda.bindings.driver import CUstream
             return launch_and_keep(self.compiled, host_arguments(values) + (CUstream(stream),))
-        storage = (ctypes.c_uint64 * len(HOST_ARG_WIDTHS))(*values, stream)
-        base = ctypes.addressof(storage)
-        packed = (ctypes.c_void_p * (len(HOST_ARG_WIDTHS) + len(self.extras)))(
-            *(base + 8 * i for i in range(len(HOST_ARG_WIDTHS))), *self.extras)
+        storage, packed = pack_host_arguments(values, stream, self.extras)
         capi, result = self.capi, self.result
 
-        def launch(keep_alive=(storage, packed, self.executor)):
+        def launch(keep_alive=(storage, self.executor)):
             capi(packed)
             if result is not None and result.value != 0:
                 raise RuntimeError(f"CUDA error {result.value} launching the B200 kernel")

@@ -232,6 +232,19 @@ def test_the_argument_layout_check_can_fail():
     assert not submission.argument_layout_matches(object())  # no execution_args at all
 
 
+def test_packed_host_arguments_point_at_their_values():
+    values = (0x7F00_0000_1000, 0x7F00_0000_2000, 0x7F00_0000_3000, 0x7F00_0000_4400, 8, 300, 132)
+    stream, extras = 0x5A5A_0000, (0x1111, 0x2222)
+    buffer, array = submission.pack_host_arguments(values, stream, extras)
+    count = len(submission.HOST_ARG_WIDTHS)
+    addresses = [ctypes.c_uint64.from_address(array + 8 * i).value for i in range(count + len(extras))]
+    assert addresses[count:] == list(extras)
+    for address, width, want in zip(addresses, submission.HOST_ARG_WIDTHS, values + (stream,)):
+        cell = ctypes.c_uint32 if width == 4 else ctypes.c_uint64
+        assert cell.from_address(address).value == want
+    assert ctypes.addressof(buffer) <= min(addresses[:count]) and max(addresses[:count]) < array
+
+
 # ---- on a CUDA GPU: the real LaunchPlan with the stand-in kernel ----------------
 def recorded(launcher, data):
     """What the stand-in kernel wrote into the current stream's workspace:
