@@ -1216,12 +1216,22 @@ def host_arguments(values):
             cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas))
 
 
+def _execution_args(compiled):
+    """The DSL's argument converter of a compiled function: `execution_args`
+    (4.5 and later) or `args_spec` (4.3), or None."""
+    for name in ("execution_args", "args_spec"):
+        converter = getattr(compiled, name, None)
+        if hasattr(converter, "generate_execution_args"):
+            return converter
+    return None
+
+
 def argument_layout_matches(compiled) -> bool:
     """Whether this DSL release converts the host function's arguments to
     exactly one value each of `HOST_ARG_WIDTHS` bytes, as `HostFunction`
     packs them. Checked on sample values against the DSL's own conversion."""
-    execution_args = getattr(compiled, "execution_args", None)
-    if not hasattr(execution_args, "generate_execution_args"):
+    execution_args = _execution_args(compiled)
+    if execution_args is None:
         return False
     try:
         from cuda.bindings.driver import CUstream
@@ -1281,12 +1291,13 @@ class HostFunction:
         self.capi = None
         if not argument_layout_matches(compiled):
             return
-        try:
+        try:  # the executor's attributes common to 4.3, 4.5 and 4.8
             executor = compiled.to(device_index)
-            capi = executor.capi_func
-            self.result = executor.cuda_result if executor._has_cuda_result else None
-            extras = [executor._cuda_result_addr] if self.result is not None else []
-            extras += [p.value or 0 for p in (executor._kernel_ptrs or [])]
+            capi = executor.jit_module.capi_func
+            self.result = executor.cuda_result  # None where the release reports no CUDA error
+            extras = [ctypes.addressof(self.result)] if self.result is not None else []
+            context = executor.exec_context
+            extras += [p.value or 0 for p in (context.kernel_functions_ptrs if context is not None else [])]
         except (AttributeError, TypeError, NotImplementedError):
             return
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
@@ -1312,9 +1323,9 @@ def launch_and_keep(compiled, args):
     """Launch `compiled(*args)` now through the DSL's own conversion and return
     a zero-argument function that launches it again with the same arguments
     (the fallback of `HostFunction`)."""
-    execution_args = getattr(compiled, "execution_args", None)
+    execution_args = _execution_args(compiled)
     run = getattr(compiled, "run_compiled_program", None)
-    if run is None or not hasattr(execution_args, "generate_execution_args"):
+    if run is None or execution_args is None:
         compiled(*args)
         return lambda: compiled(*args)
     converted, keep_alive = execution_args.generate_execution_args(args, {})

@@ -231,6 +231,10 @@ def test_the_argument_layout_check_can_fail():
     assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths, drop_last=True)))
     assert not submission.argument_layout_matches(object())  # no execution_args at all
 
+    class Release43:  # nvidia-cutlass-dsl 4.3 calls the converter args_spec
+        args_spec = FakeExecutionArgs(widths)
+    assert submission.argument_layout_matches(Release43())
+
 
 def test_packed_host_arguments_point_at_their_values():
     values = (0x7F00_0000_1000, 0x7F00_0000_2000, 0x7F00_0000_3000, 0x7F00_0000_4400, 8, 300, 132)
