@@ -614,7 +614,8 @@ def print_compile_table(rows: list):
           f"{'spill B':>7} {'stack B':>7}  status")
     for r in rows:
         spill = r.get("spill_store_bytes", 0) + r.get("spill_load_bytes", 0)
-        stages = (f"{r['stages_ab']}/{r['stages_acc']}/{r['stages_c']}" if "stages_ab" in r else "-")
+        stages = ("/".join("-" if r[k] is None else str(r[k]) for k in ("stages_ab", "stages_acc", "stages_c"))
+                  if "stages_ab" in r else "-")
         print(f"{r['config']:<14} {r.get('compile_s', float('nan')):>9.2f} {r.get('registers', '-'):>5} "
               f"{r.get('dynamic_smem_bytes', '-'):>7} {stages:>15} "
               f"{spill if 'registers' in r else '-':>7} {r.get('stack_bytes', '-'):>7}  "
@@ -654,7 +655,8 @@ def command_compile(options) -> int:
         shape_sets += contract_shape_sets()
     plans = shape_plans(shape_sets, kernel_configs(options.arch)[0] if hopper else None,
                         H100_SM_COUNT if hopper else None)
-    print(f"\nShape sets ({len(plans)}): the configuration {'' if hopper else 'the cost model picks'}, tiles and CTAs; "
+    picked = "the kernel's one configuration" if hopper else "the configuration the cost model picks"
+    print(f"\nShape sets ({len(plans)}): {picked}, tiles and CTAs; "
           "each is served by the kernel compiled above:")
     for p in plans:
         status = "ok" if p["config"] in compiled else "FAIL: its configuration did not compile"
