@@ -55,7 +55,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 
 import submission
-from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileConfig, ceil_div,
+from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileConfig,
                         check_budget, locate_tile, publish_tensormaps)
 
 # =============================================================================

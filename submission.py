@@ -1226,20 +1226,28 @@ def _execution_args(compiled):
     return None
 
 
-def argument_layout_matches(compiled) -> bool:
-    """Whether this DSL release converts the host function's arguments to
-    exactly one value each of `HOST_ARG_WIDTHS` bytes, as `HostFunction`
-    packs them. Checked on sample values against the DSL's own conversion."""
-    execution_args = _execution_args(compiled)
-    if execution_args is None:
-        return False
+@functools.lru_cache(maxsize=None)
+def _cu_stream_type():
+    """cuda-python's CUstream (the type the DSL's host functions take for a
+    stream), from the module path of the installed cuda-python, or None."""
     try:
         from cuda.bindings.driver import CUstream
     except ImportError:
         try:
             from cuda.cuda import CUstream
         except ImportError:
-            return False
+            return None
+    return CUstream
+
+
+def argument_layout_matches(compiled) -> bool:
+    """Whether this DSL release converts the host function's arguments to
+    exactly one value each of `HOST_ARG_WIDTHS` bytes, as `HostFunction`
+    packs them. Checked on sample values against the DSL's own conversion."""
+    execution_args = _execution_args(compiled)
+    CUstream = _cu_stream_type()
+    if execution_args is None or CUstream is None:
+        return False
     # Addresses beyond 32 bits, so that a 4-byte conversion cannot pass.
     values = (0x1111_2222_3330, 0x2222_3333_4440, 0x3333_4444_5550, 0x4444_5555_6600, 5, 6, 7, 0x7777_5a5a_0000)
     try:
@@ -1306,8 +1314,7 @@ class HostFunction:
         """A zero-argument function launching the kernel with `values` (see
         `host_arguments`) on `stream`."""
         if self.capi is None:
-            from cuda.bindings.driver import CUstream
-            return launch_and_keep(self.compiled, host_arguments(values) + (CUstream(stream),))
+            return launch_and_keep(self.compiled, host_arguments(values) + (_cu_stream_type()(stream),))
         storage, packed = pack_host_arguments(values, stream, self.extras)
         capi, result = self.capi, self.result
 
