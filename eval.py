@@ -507,7 +507,7 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     hopper = None
     if is_hopper_arch(arch):
         import hopper
-        kernel = hopper.Sm90GroupedGemmKernel()
+        kernel = hopper.Sm90GroupedGemmKernel(hopper.SM90_CONFIGS[config_name])
     else:
         kernel = submission.Sm100GroupedGemmKernel(submission.TILE_CONFIGS[config_name])
     try:
@@ -541,6 +541,15 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         row["ok"] = row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
         if not row["ok"]:
             row["error"] = "register spills"
+        if hopper:
+            # ctas_per_sm CTAs must fit an SM's registers, or the grid is oversized
+            config = kernel.config
+            row.update(ctas_per_sm=config.ctas_per_sm, tile_k=config.tile_k,
+                       register_budget=hopper.register_budget(config))
+            if row["registers"] > row["register_budget"]:
+                row["ok"] = False
+                row["error"] = (f"{row['registers']} registers: {config.ctas_per_sm} CTAs per SM "
+                                f"allow {row['register_budget']}")
     except Exception as error:
         row["error"] = describe_error(error)
     return row
@@ -561,12 +570,17 @@ def is_hopper_arch(arch: str) -> bool:
 
 def kernel_configs(arch: str) -> list:
     """The configurations compiled for `arch`: every B200 tile configuration,
-    or the Hopper kernel's one."""
+    or every configuration of the Hopper kernel."""
     import submission
     if is_hopper_arch(arch):
         import hopper
-        return [hopper.SM90_CONFIG]
+        return list(hopper.SM90_CONFIGS.values())
     return list(submission.TILE_CONFIGS.values())
+
+
+def hopper_config():
+    import hopper
+    return hopper.SM90_CONFIG
 
 
 def compile_configs(arch: str, keep_dir: Optional[str]) -> list:
@@ -653,9 +667,9 @@ def command_compile(options) -> int:
         shape_sets = [("custom", problem_sizes_of(parse_test_line(options.shape)))]
     elif options.which == "all":
         shape_sets += contract_shape_sets()
-    plans = shape_plans(shape_sets, kernel_configs(options.arch)[0] if hopper else None,
+    plans = shape_plans(shape_sets, hopper_config() if hopper else None,
                         H100_SM_COUNT if hopper else None)
-    picked = "the kernel's one configuration" if hopper else "the configuration the cost model picks"
+    picked = "the configuration custom_kernel runs (hopper.SM90_CONFIG)" if hopper else "the configuration the cost model picks"
     print(f"\nShape sets ({len(plans)}): {picked}, tiles and CTAs; "
           "each is served by the kernel compiled above:")
     for p in plans:
@@ -988,6 +1002,58 @@ def print_peers(cases: list, rows: list) -> None:
               f"{tflops:>12.1f} {100 * tflops / peak:>6.1f}% {gmm / ours:>6.2f}x  {short_spec(sizes)}  [{path}]")
 
 
+def command_sweep(options) -> int:
+    """Hopper GPU only: every configuration of hopper.py (hopper.SM90_CONFIGS),
+    each checked against the reference and timed like the peers, side by side
+    with torch._grouped_mm on pre-dequantized bf16, per benchmark."""
+    import torch
+    import submission
+    from reference import check_implementation
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("sweep: needs a Hopper GPU (sm_90)")
+        return 2
+    import hopper
+    cases = selected_cases(BENCHMARKS_FILE, options)
+    configs = list(hopper.SM90_CONFIGS.values())
+    launchers = {c.name: submission.GroupedGemmLauncher(
+        compile_fn=lambda config: hopper.compile_sm90(config, hopper.target_arch()), config=c) for c in configs}
+    from reference import generate_input
+    worst = 0
+    for config in configs:  # the task's test shapes first
+        verdicts = [check_implementation(data, launchers[config.name](clone_data(data)))
+                    for data in (generate_input(**case.args) for case in read_test_file(TESTS_FILE))]
+        failed = [(i, message) for i, (passed, message) in enumerate(verdicts) if not passed]
+        worst |= bool(failed)
+        print(f"{config.name}: {len(verdicts) - len(failed)}/{len(verdicts)} test shapes correct"
+              + "".join(f"\n  test {i}: {message[:300]}" for i, message in failed))
+    print(f"Hopper configurations on {torch.cuda.get_device_name()} (mean us per call, leaderboard loop, "
+          f"{PEER_SAMPLES} samples; x = grouped_mm time / ours; * = custom_kernel's):")
+    print(f"  {'#':>2} {'grouped_mm':>11} " + " ".join(
+        f"{c.name + ('*' if c == hopper.SM90_CONFIG else ''):>24}" for c in configs))
+    for index, case in enumerate(cases):
+        inputs = benchmark_inputs(case.args)
+        prepared = {id(d): grouped_operands(d) for d in inputs}
+
+        def pre_dequantized(data):
+            a, b, offsets = prepared[id(data)]
+            return torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16)
+        gmm = time_loop_us(pre_dequantized, inputs)
+        cells = []
+        for config in configs:
+            launcher = launchers[config.name]
+            passed, message = check_implementation(inputs[0], launcher(clone_data(inputs[0])))
+            if not passed:
+                worst = 1
+                cells.append(f"{'FAIL':>24}")
+                print(f"  {config.name}: {message[:300]}")
+                continue
+            ours = time_loop_us(launcher, inputs)
+            cells.append(f"{ours:>15.2f} {gmm / ours:>6.2f}x ")
+        print(f"  {options.case if options.case is not None else index:>2} {gmm:>11.2f} " + " ".join(cells)
+              + f"  {short_spec(problem_sizes_of(case.args))}")
+    return worst
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Run, check, time and compile the NVFP4 grouped GEMM submission. "
@@ -1013,6 +1079,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "preparation and launch, against the seed's host path")
     p.add_argument("--case", type=int, help="only this benchmark (0-based)")
     p.add_argument("--repeats", type=int, default=20)
+    p = sub.add_parser("sweep", help="Hopper GPU: every hopper.py configuration against "
+                       "torch._grouped_mm on pre-dequantized bf16, per benchmark")
+    p.add_argument("--case", type=int, help="only this benchmark (0-based)")
     p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
     p.add_argument("config")
     p.add_argument("--arch", default="sm_100a")
@@ -1035,6 +1104,8 @@ def main(argv: list) -> int:
         return command_model(options)
     if options.command == "overhead":
         return command_overhead(options)
+    if options.command == "sweep":
+        return command_sweep(options)
     return command_run(options)
 
 

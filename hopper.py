@@ -41,6 +41,7 @@ Warps and pipelines:
       consumer warp)
   named barrier 1: the 256 consumer threads, once per stage
 """
+import dataclasses
 import functools
 import os
 from typing import NamedTuple, Optional
@@ -63,11 +64,27 @@ from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileC
 # =============================================================================
 TILE_M = 128  # two consumer warpgroups: wgmma M = 64 each
 TILE_N = 128
-TILE_K = 128  # K per stage: 64 packed bytes per row, 8 scale factors per row
-PACKED_K_BYTES = TILE_K // 2
-SF_BLOCK_BYTES = 512  # blocked layout: 128 rows x 64 K of scale factors
-SF_STAGE_BYTES = 2 * SF_BLOCK_BYTES  # 128 rows x TILE_K
-SM90_CONFIG = TileConfig("sm90-128x128", TILE_M, TILE_N, swap_ab=False)
+SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90TileConfig(TileConfig):
+    """The launcher's TileConfig plus the K depth of one pipeline stage."""
+    tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per operand and stage
+
+    @property
+    def tile_mnk(self):
+        return (self.mma_m, self.mma_n, self.tile_k)
+
+
+# ctas_per_sm = 2 puts 16 converting warps on an SM instead of 8 (the
+# conversion is latency-bound); each CTA then has half the shared memory.
+SM90_CONFIGS = {c.name: c for c in (
+    Sm90TileConfig("sm90-128x128-k64-2cta", TILE_M, TILE_N, False, ctas_per_sm=2, tile_k=64),
+    Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64),
+    Sm90TileConfig("sm90-128x128-k128", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128),
+)}
+SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128"]
 
 CONSUMER_WARPS = tuple(range(8))  # warpgroups 0 and 1
 PRODUCER_WARP = 8
@@ -77,7 +94,9 @@ CONSUMER_BARRIER_ID = 1  # both consumer warpgroups: fp16 stage written, own wgm
 AB_CONSUMER_ARRIVES = len(CONSUMER_WARPS)  # PipelineTmaAsync: lane 0 of each consumer warp
 NUM_F16_BUFFERS = 2
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
-SMEM_RESERVED = 1024
+SMEM_PER_SM = 233472  # 228 KiB, shared by the CTAs of an SM
+SMEM_RESERVED = 1024  # per CTA
+REGISTERS_PER_SM = 65536
 NUM_TENSORMAPS = 2  # A, B (of the five slots the host's workspace has per CTA)
 ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
 
@@ -91,7 +110,21 @@ def check_warp_roles() -> None:
     assert PRODUCER_WARP == len(CONSUMER_WARPS)
     assert AB_CONSUMER_ARRIVES == len(CONSUMER_WARPS)
     assert CONSUMER_THREADS % 128 == 0 and TILE_M == 64 * (CONSUMER_THREADS // 128)
-    assert TILE_K % (2 * 8 * SF_VEC_SIZE // 2) == 0
+    for config in SM90_CONFIGS.values():
+        # dequantize_rows: a warpgroup's 128 threads cover 64 rows x (tile_k / 16) blocks
+        assert config.tile_k in (64, 128) and SF_VEC_SIZE == 16, config
+        assert (config.mma_m, config.mma_n) == (TILE_M, TILE_N), config
+
+
+def smem_budget(config: Sm90TileConfig) -> int:
+    """Shared memory one CTA may use so that `ctas_per_sm` CTAs fit an SM."""
+    return min(SMEM_CAPACITY, SMEM_PER_SM // config.ctas_per_sm - SMEM_RESERVED)
+
+
+def register_budget(config: Sm90TileConfig) -> int:
+    """Registers per thread that let `ctas_per_sm` CTAs fit an SM (allocated
+    per warp in units of 8 per thread)."""
+    return REGISTERS_PER_SM // (THREADS_PER_CTA * config.ctas_per_sm) // 8 * 8
 
 
 check_warp_roles()
@@ -146,8 +179,9 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
 
 def sf_offset(row, kb):
     """Byte offset of the scale factor of `row` (0..127 within its 128-row
-    block) and 16-K block `kb` (0..7 within the stage) in a stage's 1 KiB of
-    the blocked layout: [K/64 block][row % 32][row / 32][kb % 4]."""
+    block) and 16-K block `kb` (0..tile_k/16 - 1 within the stage) in a
+    stage's scale factors (512 bytes per 64 K) of the blocked layout:
+    [K/64 block][row % 32][row / 32][kb % 4]."""
     return (kb // 4) * SF_BLOCK_BYTES + (row % 32) * 16 + (row // 32) * 4 + kb % 4
 
 
@@ -158,20 +192,25 @@ class SmemLayouts(NamedTuple):
     a_packed: cute.Layout  # (TILE_M, K/2 bytes, STAGE)
     b_packed: cute.Layout  # (TILE_N, K/2 bytes, STAGE)
     sf: cute.Layout  # (1 KiB, STAGE), SFA and SFB each
-    a16: cute.ComposedLayout  # (TILE_M, TILE_K, BUFFER) fp16, wgmma's K-major swizzle
-    b16: cute.ComposedLayout  # (TILE_N, TILE_K, BUFFER)
+    a16: cute.ComposedLayout  # (TILE_M, tile_k, BUFFER) fp16, wgmma's K-major swizzle
+    b16: cute.ComposedLayout  # (TILE_N, tile_k, BUFFER)
 
 
 class Sm90GroupedGemmKernel:
     """Persistent grouped NVFP4 GEMM for sm_90a (see the module docstring)."""
 
-    def __init__(self):
-        self.config = SM90_CONFIG
-        self.tile_mnk = (TILE_M, TILE_N, TILE_K)
+    def __init__(self, config: Sm90TileConfig = SM90_CONFIG):
+        self.config = config
+        self.tile_k = config.tile_k
+        self.tile_mnk = config.tile_mnk
+        self.packed_k_bytes = self.tile_k // 2  # per row and stage
+        self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per operand and stage
+        self.smem_budget = smem_budget(config)
 
     def _setup_attributes(self):
-        f16_bytes = (TILE_M + TILE_N) * TILE_K * 2 * NUM_F16_BUFFERS
-        free = SMEM_CAPACITY - SMEM_RESERVED - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - f16_bytes
+        f16_bytes = (TILE_M + TILE_N) * self.tile_k * 2 * NUM_F16_BUFFERS
+        mbarriers = 2 * 8 * 8  # full and empty, 8 stages at most
+        free = self.smem_budget - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers - f16_bytes
         self.num_ab_stages = min(8, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
@@ -182,21 +221,18 @@ class Sm90GroupedGemmKernel:
 
     def make_layouts(self) -> SmemLayouts:
         """Shared-memory layouts (static; made where they are used, host or device)."""
-        stages = self.num_ab_stages
+        stages, width = self.num_ab_stages, self.packed_k_bytes
         return SmemLayouts(
-            a_packed=cute.make_layout((TILE_M, PACKED_K_BYTES, stages),
-                                      stride=(PACKED_K_BYTES, 1, TILE_M * PACKED_K_BYTES)),
-            b_packed=cute.make_layout((TILE_N, PACKED_K_BYTES, stages),
-                                      stride=(PACKED_K_BYTES, 1, TILE_N * PACKED_K_BYTES)),
-            sf=cute.make_layout((SF_STAGE_BYTES, stages)),
+            a_packed=cute.make_layout((TILE_M, width, stages), stride=(width, 1, TILE_M * width)),
+            b_packed=cute.make_layout((TILE_N, width, stages), stride=(width, 1, TILE_N * width)),
+            sf=cute.make_layout((self.sf_stage_bytes, stages)),
             a16=sm90_utils.make_smem_layout_a(
                 utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, NUM_F16_BUFFERS),
             b16=sm90_utils.make_smem_layout_b(
                 utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, NUM_F16_BUFFERS))
 
-    @staticmethod
-    def stage_bytes() -> int:
-        return (TILE_M + TILE_N) * PACKED_K_BYTES + 2 * SF_STAGE_BYTES
+    def stage_bytes(self) -> int:
+        return (TILE_M + TILE_N) * self.packed_k_bytes + 2 * self.sf_stage_bytes
 
     def _placeholder_tensors(self):
         """Packed A and B as bytes, (rows, K/2), from which the TMA atoms are
@@ -224,9 +260,9 @@ class Sm90GroupedGemmKernel:
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
         tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-            g2s, a, one_stage(layouts.a_packed), (TILE_M, PACKED_K_BYTES))
+            g2s, a, one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
-            g2s, b, one_stage(layouts.b_packed), (TILE_N, PACKED_K_BYTES))
+            g2s, b, one_stage(layouts.b_packed), (TILE_N, self.packed_k_bytes))
 
         @cute.struct
         class SharedStorage:
@@ -238,12 +274,12 @@ class Sm90GroupedGemmKernel:
             b16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.b16)], 1024]
             a_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.a_packed)], 128]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 128]
-            sfa: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, SF_STAGE_BYTES * self.num_ab_stages], 128]
-            sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, SF_STAGE_BYTES * self.num_ab_stages], 128]
+            sfa: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
+            sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
+        check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, self.smem_budget)
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
@@ -317,11 +353,11 @@ class Sm90GroupedGemmKernel:
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-            cute.group_modes(cute.local_tile(mA, (TILE_M, PACKED_K_BYTES), (None, None)), 0, 2))
+            cute.group_modes(cute.local_tile(mA, (TILE_M, self.packed_k_bytes), (None, None)), 0, 2))
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-            cute.group_modes(cute.local_tile(mB, (TILE_N, PACKED_K_BYTES), (None, None)), 0, 2))
-        bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=SF_STAGE_BYTES * 8)
+            cute.group_modes(cute.local_tile(mB, (TILE_N, self.packed_k_bytes), (None, None)), 0, 2))
+        bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         tile = bidz
@@ -336,7 +372,7 @@ class Sm90GroupedGemmKernel:
                                    tuple(tensormap_gmem), PRODUCER_WARP, tuple(tensormap_smem))
                 loaded_group = group
             k = problem_sizes[group, 2]
-            k_tiles = k // TILE_K
+            k_tiles = k // self.tile_k
             # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
             sf_row_bytes = (k // 64) * SF_BLOCK_BYTES
             sfa_base = sf_ptrs[group, 0] + (m_tile * TILE_M // 128) * sf_row_bytes
@@ -352,9 +388,9 @@ class Sm90GroupedGemmKernel:
                 if cute.arch.lane_idx() == 0:
                     for base, dst in ((sfa_base, sSFA), (sfb_base, sSFB)):
                         src = cute.make_tensor(
-                            cute.make_ptr(cutlass.Uint8, base + k_tile * SF_STAGE_BYTES, cute.AddressSpace.gmem,
+                            cute.make_ptr(cutlass.Uint8, base + k_tile * self.sf_stage_bytes, cute.AddressSpace.gmem,
                                           assumed_align=PTR_ALIGN_BYTES),
-                            cute.make_layout(SF_STAGE_BYTES))
+                            cute.make_layout(self.sf_stage_bytes))
                         cute.copy(bulk, src, dst[(None, state.index)], mbar_ptr=barrier)
                 ab_pipeline.producer_commit(state)
                 state.advance()
@@ -367,19 +403,23 @@ class Sm90GroupedGemmKernel:
     @cute.jit
     def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, first_row, tidx):
         """Rows first_row .. first_row + 63 of stage `stage` (packed rows and
-        their scale factors) into fp16 buffer `buffer`: thread t (of the
-        warpgroup) takes the 16-K blocks (row, t % 8) of rows first_row + t / 8
-        + 16 i. Tiles start on 128-row boundaries, so a row of the tile is also
-        its row in the scale factors' 128-row block."""
-        kb = tidx % 8
-        words = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint32)  # (rows, 16)
-        for i in cutlass.range_constexpr(4):
-            row = first_row + tidx // 8 + 16 * i
+        their scale factors) into fp16 buffer `buffer`. A row has B = tile_k / 16
+        blocks of 16 K (one 64-bit load, one scale factor each); thread t (of
+        the warpgroup) takes block t % B of rows first_row + t / B + (128 / B) i.
+        Tiles start on 128-row boundaries, so a row of the tile is also its row
+        in the scale factors' 128-row block."""
+        blocks_per_row = self.tile_k // 16
+        rows_per_pass = 128 // blocks_per_row
+        kb = tidx % blocks_per_row
+        blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, blocks_per_row)
+        for i in cutlass.range_constexpr(64 // rows_per_pass):
+            row = first_row + tidx // blocks_per_row + rows_per_pass * i
             scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row, kb), stage)]))
+            packed = blocks[row, kb]
             frag = cute.make_rmem_tensor((16,), cutlass.Float16)
             frag32 = cute.recast_tensor(frag, cutlass.Uint32)
             for half in cutlass.range_constexpr(2):
-                pairs = dequant_word(words[row, 2 * kb + half], scale)
+                pairs = dequant_word(cutlass.Uint32(packed >> (32 * half)), scale)
                 for j in cutlass.range_constexpr(4):
                     frag32[4 * half + j] = pairs[j]
             dst = cute.local_tile(s16[(row, None, buffer)], (16,), (kb,))
@@ -417,7 +457,7 @@ class Sm90GroupedGemmKernel:
             # A warpgroup whose 64 rows are all past M converts only its half of B.
             rows_live = m_tile * TILE_M + 64 * wg < problem_sizes[group, 0]
             acc.fill(0.0)
-            for k_tile in cutlass.range(0, problem_sizes[group, 2] // TILE_K, 1, unroll=1):
+            for k_tile in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
                 ab_pipeline.consumer_wait(state)
                 if rows_live:
                     self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
@@ -465,10 +505,10 @@ def target_arch() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_sm90(config: Optional[TileConfig] = None, arch: Optional[str] = None):
-    """(compiled, kernel), one compile per architecture; `config` is always
-    SM90_CONFIG (the launcher passes it)."""
-    kernel = Sm90GroupedGemmKernel()
+def compile_sm90(config: Optional[Sm90TileConfig] = None, arch: Optional[str] = None):
+    """(compiled, kernel), one compile per configuration and architecture
+    (the launcher passes its fixed config)."""
+    kernel = Sm90GroupedGemmKernel(config or SM90_CONFIG)
     return compile_kernel(kernel), kernel
 
 

@@ -131,6 +131,7 @@ ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue wa
 NUM_TENSORMAPS = 5  # A', B', SFA', SFB', D'
 BYTES_PER_TENSORMAP = 128
 TENSORMAP_I64_PER_CTA = NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8
+MAX_CTAS_PER_SM = 2  # the per-stream tensormap workspace holds this many CTAs per SM
 PTR_ALIGN_BYTES = 16  # TMA needs 16-byte aligned global addresses
 N_MULTIPLE = 128
 K_MULTIPLE = 256
@@ -157,11 +158,13 @@ def check_warp_roles() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """A compile-time tile configuration of the B200 kernel."""
+    """A compile-time tile configuration of the B200 kernel (hopper.py
+    extends it for the sm_90 kernel); the launcher reads only these fields."""
     name: str
     mma_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
     mma_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool  # A' = b, B' = a, D' = C^T
+    ctas_per_sm: int = 1  # persistent CTAs per SM (the launch grid is this x SMs at most)
 
     @property
     def tile_mnk(self) -> Tuple[int, int, int]:
@@ -923,7 +926,9 @@ def launch_plan(problem_sizes, config: TileConfig, num_sms: int):
     the tile and CTA counts."""
     sizes = [kernel_problem(s, config) for s in problem_sizes]
     tiles = tile_count(problem_sizes, config)
-    return sizes, tiles, max(1, min(tiles, num_sms))
+    if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM:
+        raise ValueError(f"{config.name}: {config.ctas_per_sm} CTAs per SM (1..{MAX_CTAS_PER_SM} supported)")
+    return sizes, tiles, max(1, min(tiles, num_sms * config.ctas_per_sm))
 
 
 # =============================================================================
@@ -1184,7 +1189,7 @@ class StreamResources:
     def __init__(self, device_index: int, stream: int):
         self.device_index = device_index
         self.stream = stream
-        self.workspace = torch.empty(sm_count(device_index) * TENSORMAP_I64_PER_CTA,
+        self.workspace = torch.empty(sm_count(device_index) * MAX_CTAS_PER_SM * TENSORMAP_I64_PER_CTA,
                                      dtype=torch.int64, device=device_index)
         self.free_slots = []  # views of the arena's chunks
 

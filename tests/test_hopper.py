@@ -38,11 +38,16 @@ def report(request, tmp_path_factory):
 
 
 def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
-    (kernel,) = report["kernels"]
-    assert kernel["ok"] and kernel["config"] == hopper.SM90_CONFIG.name, kernel
-    assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
-    assert 0 < kernel["registers"] <= 255 and 0 < kernel["dynamic_smem_bytes"] <= hopper.SMEM_CAPACITY
-    assert kernel["direct_host_arguments"] is True
+    assert [k["config"] for k in report["kernels"]] == list(hopper.SM90_CONFIGS)
+    for kernel in report["kernels"]:
+        config = hopper.SM90_CONFIGS[kernel["config"]]
+        assert kernel["ok"], kernel
+        assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
+        # ctas_per_sm CTAs fit an SM: registers and shared memory
+        assert 0 < kernel["registers"] <= hopper.register_budget(config) == kernel["register_budget"]
+        assert 0 < kernel["dynamic_smem_bytes"] <= hopper.smem_budget(config) <= hopper.SMEM_CAPACITY
+        assert config.ctas_per_sm * (kernel["dynamic_smem_bytes"] + hopper.SMEM_RESERVED) <= hopper.SMEM_PER_SM
+        assert kernel["direct_host_arguments"] is True
     expected = [[[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])]
                 for c in TEST_CASES + BENCHMARK_CASES]
     plans = report["shape_sets"]
@@ -50,20 +55,25 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
     assert all(p["config"] == hopper.SM90_CONFIG.name and p["tiles"] >= 1 for p in plans)
 
 
-def test_ptx_has_the_designed_instructions(report):
-    (kernel,) = report["kernels"]
+@pytest.mark.parametrize("name", list(hopper.SM90_CONFIGS))
+def test_ptx_has_the_designed_instructions(report, name):
+    (kernel,) = [k for k in report["kernels"] if k["config"] == name]
+    tile_k = hopper.SM90_CONFIGS[name].tile_k
     with open(kernel["ptx_file"]) as f:
         ptx = f.read()
     features = kernel["ptx_features"]
     # fp16 wgmma, fp32 accumulators: one per 16-wide K block of a stage
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16", ptx)) == hopper.TILE_K // 16
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16", ptx)) == tile_k // 16
     # packed A and B by TMA through per-CTA descriptors; scale factors by bulk copy
     assert features["tma_load"] == 2 and features["bulk_copy_load"] == 2
     assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.NUM_TENSORMAPS
     # E4M3 scales converted in pairs; fp16 operands written with 16-byte stores, fenced for wgmma
     assert features["e4m3_to_f16x2"] >= 1
-    # each thread converts four 16-K blocks of A rows and four of B rows, two 16-byte stores each
-    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * 4 * 2
+    # each thread converts tile_k / 32 16-K blocks of A rows and as many of B rows: one
+    # 8-byte load and two 16-byte stores each
+    blocks = tile_k // 32
+    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * blocks * 2
+    assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2 * blocks
     assert "fence.proxy.async.shared::cta" in ptx
     assert features["threads_per_cta"] == hopper.THREADS_PER_CTA == 288
 
@@ -96,7 +106,8 @@ def test_the_dequantization_identity_holds_for_every_pair():
     assert hopper.ACC_SCALE == 2.0 ** 14
 
 
-def test_scale_factor_offsets_address_the_blocked_layout():
+@pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
+def test_scale_factor_offsets_address_the_blocked_layout(tile_k):
     from reference import generate_input
     import submission
     m, n, k = 200, 256, 768
@@ -107,8 +118,10 @@ def test_scale_factor_offsets_address_the_blocked_layout():
     row_blocks_k = k // 64
     for row in (0, 1, 31, 32, 77, 127, 128, 199):
         for k_block in range(k // 16):
-            stage, kb = divmod(k_block, hopper.TILE_K // 16)
-            base = (row // 128) * row_blocks_k * hopper.SF_BLOCK_BYTES + stage * hopper.SF_STAGE_BYTES
+            stage, kb = divmod(k_block, tile_k // 16)
+            stage_bytes = hopper.Sm90GroupedGemmKernel(hopper.SM90_CONFIGS[
+                next(n for n, c in hopper.SM90_CONFIGS.items() if c.tile_k == tile_k)]).sf_stage_bytes
+            base = (row // 128) * row_blocks_k * hopper.SF_BLOCK_BYTES + stage * stage_bytes
             got = blocked[base + hopper.sf_offset(row % 128, kb)]
             assert got == sfa_plain[row, k_block, 0].view(torch.uint8), (row, k_block)
 
@@ -139,3 +152,15 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
     assert shape.config is hopper.SM90_CONFIG
     # 128 x 128 tiles: 1 x 2 for (80, 256), 3 x 1 for (300, 128)
     assert shape.tiles == 2 + 3 and shape.ctas == 5
+
+
+def test_two_ctas_per_sm_double_the_persistent_grid_and_the_workspace_holds_them():
+    import submission
+    two = next(c for c in hopper.SM90_CONFIGS.values() if c.ctas_per_sm == 2)
+    many = ((1024, 4096, 256, 1),) * 4  # 8 x 32 tiles per group
+    assert submission.shape_plan(many, -1, 132, two).ctas == 2 * 132
+    assert submission.shape_plan(((100, 256, 256, 1),), -1, 132, two).ctas == 2  # never more than tiles
+    assert two.ctas_per_sm <= submission.MAX_CTAS_PER_SM
+    three = hopper.Sm90TileConfig("three", 128, 128, False, ctas_per_sm=3, tile_k=64)
+    with pytest.raises(ValueError, match="3 CTAs per SM"):
+        submission.launch_plan(many, three, 132)
