@@ -71,16 +71,20 @@ SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 class Sm90TileConfig(TileConfig):
     """The launcher's TileConfig plus the K depth of one pipeline stage."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per operand and stage
+    a_in_registers: bool = False  # A dequantized into wgmma's register fragments (RS) instead of shared memory
 
     @property
     def tile_mnk(self):
         return (self.mma_m, self.mma_n, self.tile_k)
 
 
-# ctas_per_sm = 2 puts 16 converting warps on an SM instead of 8 (the
-# conversion is latency-bound); each CTA then has half the shared memory.
+# Measured on an H200 (eval.py sweep): two CTAs per SM (16 converting warps,
+# tile_k 64) ran no faster than one on 3 of the 4 benchmarks, and the
+# shared-memory traffic per stage, not the warp count, bounds the SS forms:
+# A in registers removes A's fp16 stores to and wgmma loads from shared memory.
 SM90_CONFIGS = {c.name: c for c in (
-    Sm90TileConfig("sm90-128x128-k64-2cta", TILE_M, TILE_N, False, ctas_per_sm=2, tile_k=64),
+    Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64, a_in_registers=True),
+    Sm90TileConfig("sm90-128x128-k128-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128, a_in_registers=True),
     Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64),
     Sm90TileConfig("sm90-128x128-k128", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128),
 )}
@@ -101,6 +105,7 @@ NUM_TENSORMAPS = 2  # A, B (of the five slots the host's workspace has per CTA)
 ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
 
 F16X2_128 = 0x58005800  # fp16 128.0 in both halves
+A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 A in registers, (m + 64 k)
 
 
 def check_warp_roles() -> None:
@@ -177,6 +182,18 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
 
 
+@cute.jit
+def dequant_pair(packed: cutlass.Uint32, scale: cutlass.Uint32) -> cutlass.Uint32:
+    """The fp16 pair of the nibbles at bits 12-15 and 28-31 of `packed`, times
+    the scale (`dequant_word`'s arithmetic for one pair)."""
+    return cutlass.Uint32(_asm(
+        cutlass.Uint32.mlir_type, [packed, scale],
+        "{\n\t.reg .b32 s, t, x;\n\t"
+        "and.b32 s, $1, 0x80008000;\n\tshr.b32 t, $1, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
+        "or.b32 x, s, t;\n\tmul.rn.f16x2 $0, x, $2;\n\t}",
+        "=r,r,r"))
+
+
 def sf_offset(row, kb):
     """Byte offset of the scale factor of `row` (0..127 within its 128-row
     block) and 16-K block `kb` (0..tile_k/16 - 1 within the stage) in a
@@ -208,16 +225,26 @@ class Sm90GroupedGemmKernel:
         self.smem_budget = smem_budget(config)
 
     def _setup_attributes(self):
-        f16_bytes = (TILE_M + TILE_N) * self.tile_k * 2 * NUM_F16_BUFFERS
+        f16_rows = TILE_N if self.config.a_in_registers else TILE_M + TILE_N
+        f16_bytes = f16_rows * self.tile_k * 2 * NUM_F16_BUFFERS
         mbarriers = 2 * 8 * 8  # full and empty, 8 stages at most
         free = self.smem_budget - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers - f16_bytes
         self.num_ab_stages = min(8, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
     def make_tiled_mma(self):
-        return sm90_utils.make_trivial_tiled_mma(
+        source = warpgroup.OperandSource.RMEM if self.config.a_in_registers else warpgroup.OperandSource.SMEM
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
             cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (TILE_M // 64, 1, 1), tiler_mn=(64, TILE_N))
+            cutlass.Float32, (TILE_M // 64, 1, 1), tiler_mn=(64, TILE_N), a_source=source)
+        if self.config.a_in_registers:
+            # dequantize_a_fragment writes this thread-value layout of A (m + 64 k): thread
+            # (lane % 4, lane / 4, warp) at k = 2 (lane % 4), m = lane / 4 + 16 warp; values
+            # (k + 1, m + 8, k + 8): fp16 pairs of consecutive K, rows r and r + 8, K and K + 8.
+            if str(tiled_mma.tv_layout_A) != A_FRAGMENT_LAYOUT:
+                raise ValueError(f"{self.config.name}: wgmma's A register layout is {tiled_mma.tv_layout_A}, "
+                                 f"dequantize_a_fragment writes {A_FRAGMENT_LAYOUT}")
+        return tiled_mma
 
     def make_layouts(self) -> SmemLayouts:
         """Shared-memory layouts (static; made where they are used, host or device)."""
@@ -270,7 +297,8 @@ class Sm90GroupedGemmKernel:
                 cute.struct.MemRange[cutlass.Int64, NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8],
                 BYTES_PER_TENSORMAP]
             ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
-            a16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.a16)], 1024]
+            a16: cute.struct.Align[cute.struct.MemRange[
+                cutlass.Float16, 8 if self.config.a_in_registers else cute.cosize(layouts.a16)], 1024]
             b16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.b16)], 1024]
             a_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.a_packed)], 128]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 128]
@@ -426,6 +454,22 @@ class Sm90GroupedGemmKernel:
             cute.autovec_copy(frag, dst)
 
     @cute.jit
+    def dequantize_a_fragment(self, s_packed, s_sf, frag, stage, row, lane):
+        """This thread's wgmma A fragment (A_FRAGMENT_LAYOUT) of stage `stage`:
+        rows `row` and row + 8, K pairs (2 q, 2 q + 1) + 8 j + 16 kb for q = lane % 4.
+        In the K order of `dequant_word` (logical pair p of an 8-group holds
+        physical K p and p + 4, as B's shared-memory stage does), that is pair q
+        of each packed word: the word shifted left by 4 (3 - q), then `dequant_pair`."""
+        words = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint32)  # (rows, tile_k / 8)
+        frag32 = cute.recast_tensor(frag, cutlass.Uint32)  # ((1, 2, 2), 1, K blocks): (row + 8, K + 8, kb)
+        shift = 4 * (3 - lane % 4)
+        for kb in cutlass.range_constexpr(self.tile_k // 16):
+            for dr in cutlass.range_constexpr(2):
+                scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row + 8 * dr, kb), stage)]))
+                for j in cutlass.range_constexpr(2):
+                    frag32[dr + 2 * j + 4 * kb] = dequant_pair(words[row + 8 * dr, 2 * kb + j] << shift, scale)
+
+    @cute.jit
     def consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz, grid_z):
         wg = tidx // 128
         wg_tidx = tidx % 128
@@ -433,21 +477,27 @@ class Sm90GroupedGemmKernel:
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFA = storage.sfa.get_tensor(layouts.sf)
         sSFB = storage.sfb.get_tensor(layouts.sf)
-        sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
         sB16 = storage.b16.get_tensor(layouts.b16.outer, swizzle=layouts.b16.inner)
         thr_mma = tiled_mma.get_slice(tidx)
         # (MMA, MMA_M/N, MMA_K, BUFFER); each warpgroup's A partition is its 64 rows
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA16))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB16))
+        if cutlass.const_expr(self.config.a_in_registers):
+            # two register buffers (MMA, MMA_M, MMA_K): one converted while the other's wgmma runs
+            a_shape = thr_mma.partition_shape_A((TILE_M, self.tile_k))
+            tCrA = (cute.make_rmem_tensor(a_shape, cutlass.Float16), cute.make_rmem_tensor(a_shape, cutlass.Float16))
+            a_row = 64 * wg + 16 * (wg_tidx // 32) + (wg_tidx % 32) // 4  # A_FRAGMENT_LAYOUT
+        else:
+            sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
+            tCsA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA16))  # (MMA, MMA_M, MMA_K, BUFFER)
+            tCrA = (tCsA[(None, None, None, 0)], tCsA[(None, None, None, 1)])
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))  # (m, n) of each accumulator
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-        num_k_blocks = cute.size(tCrA, mode=[2])
+        num_k_blocks = self.tile_k // 16
         # Always accumulate (the accumulator is zeroed per tile): the flag never
         # changes inside the run-time loops and branches.
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
-        buffer = cutlass.Int32(0)
         tile = bidz
         group = cutlass.Int32(0)
         group_first_tile = cutlass.Int32(0)
@@ -457,26 +507,30 @@ class Sm90GroupedGemmKernel:
             # A warpgroup whose 64 rows are all past M converts only its half of B.
             rows_live = m_tile * TILE_M + 64 * wg < problem_sizes[group, 0]
             acc.fill(0.0)
-            for k_tile in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
-                ab_pipeline.consumer_wait(state)
-                if rows_live:
-                    self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
-                self.dequantize_rows(sB, sSFB, sB16, state.index, buffer, 64 * wg, wg_tidx)
-                ab_pipeline.consumer_release(state)
-                # The previous stage's wgmma is done in both warpgroups (its buffers
-                # are free again) and the fp16 stage, written by threads, is visible
-                # to wgmma's async proxy, before either multiplies.
-                warpgroup.wait_group(0)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
-                if rows_live:
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buffer)], tCrB[(None, None, kb, buffer)],
-                                  acc)
-                    warpgroup.commit_group()
-                state.advance()
-                buffer = 1 - buffer
+            # K is a multiple of 256, so stages come in pairs: buffer 0, then 1
+            for _ in cutlass.range(0, problem_sizes[group, 2] // (2 * self.tile_k), 1, unroll=1):
+                for buffer in cutlass.range_constexpr(NUM_F16_BUFFERS):
+                    ab_pipeline.consumer_wait(state)
+                    if rows_live:
+                        if cutlass.const_expr(self.config.a_in_registers):
+                            self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row, wg_tidx % 32)
+                        else:
+                            self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
+                    self.dequantize_rows(sB, sSFB, sB16, state.index, buffer, 64 * wg, wg_tidx)
+                    ab_pipeline.consumer_release(state)
+                    # The previous stage's wgmma is done in both warpgroups (its buffers
+                    # are free again) and the fp16 stage, written by threads, is visible
+                    # to wgmma's async proxy, before either multiplies.
+                    warpgroup.wait_group(0)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+                    if rows_live:
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(num_k_blocks):
+                            cute.gemm(tiled_mma, acc, tCrA[buffer][(None, None, kb)], tCrB[(None, None, kb, buffer)],
+                                      acc)
+                        warpgroup.commit_group()
+                    state.advance()
             warpgroup.wait_group(0)
             if rows_live:
                 self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)

@@ -156,7 +156,7 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
 
 def test_two_ctas_per_sm_double_the_persistent_grid_and_the_workspace_holds_them():
     import submission
-    two = next(c for c in hopper.SM90_CONFIGS.values() if c.ctas_per_sm == 2)
+    two = hopper.Sm90TileConfig("two", 128, 128, False, ctas_per_sm=2, tile_k=64)
     many = ((1024, 4096, 256, 1),) * 4  # 8 x 32 tiles per group
     assert submission.shape_plan(many, -1, 132, two).ctas == 2 * 132
     assert submission.shape_plan(((100, 256, 256, 1),), -1, 132, two).ctas == 2  # never more than tiles
