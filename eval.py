@@ -1014,12 +1014,12 @@ def command_sweep(options) -> int:
         return 2
     import hopper
     cases = selected_cases(BENCHMARKS_FILE, options)
-    configs = list(hopper.SM90_CONFIGS.values())
+    configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if options.diagnose else [])
     launchers = {c.name: submission.GroupedGemmLauncher(
         compile_fn=lambda config: hopper.compile_sm90(config, hopper.target_arch()), config=c) for c in configs}
     from reference import generate_input
     worst = 0
-    for config in configs:  # the task's test shapes first
+    for config in [c for c in configs if not c.diagnostic]:  # the task's test shapes first
         verdicts = [check_implementation(data, launchers[config.name](clone_data(data)))
                     for data in (generate_input(**case.args) for case in read_test_file(TESTS_FILE))]
         failed = [(i, message) for i, (passed, message) in enumerate(verdicts) if not passed]
@@ -1042,7 +1042,7 @@ def command_sweep(options) -> int:
         for config in configs:
             launcher = launchers[config.name]
             passed, message = check_implementation(inputs[0], launcher(clone_data(inputs[0])))
-            if not passed:
+            if not passed and not config.diagnostic:
                 worst = 1
                 cells.append(f"{'FAIL':>24}")
                 print(f"  {config.name}: {message[:300]}")
@@ -1082,6 +1082,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="Hopper GPU: every hopper.py configuration against "
                        "torch._grouped_mm on pre-dequantized bf16, per benchmark")
     p.add_argument("--case", type=int, help="only this benchmark (0-based)")
+    p.add_argument("--diagnose", action="store_true", help="also time the default configuration without "
+                   "its conversion and without its wgmma (hopper.SM90_DIAGNOSTICS; wrong results, timing only)")
     p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
     p.add_argument("config")
     p.add_argument("--arch", default="sm_100a")

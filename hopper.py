@@ -44,7 +44,7 @@ Warps and pipelines:
 import dataclasses
 import functools
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import cutlass
 import cutlass.cute as cute
@@ -72,6 +72,10 @@ class Sm90TileConfig(TileConfig):
     """The launcher's TileConfig plus the K depth of one pipeline stage."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per operand and stage
     a_in_registers: bool = False  # A dequantized into wgmma's register fragments (RS) instead of shared memory
+    converter_warpgroups: int = 0  # extra warpgroups that only dequantize B (0 or 1)
+    # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
+    # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma.
+    diagnostic: str = ""
 
     @property
     def tile_mnk(self):
@@ -83,19 +87,20 @@ class Sm90TileConfig(TileConfig):
 # shared-memory traffic per stage, not the warp count, bounds the SS forms:
 # A in registers removes A's fp16 stores to and wgmma loads from shared memory.
 SM90_CONFIGS = {c.name: c for c in (
+    Sm90TileConfig("sm90-128x128-k64-rs-3wg", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True,
+                   converter_warpgroups=1),
     Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64, a_in_registers=True),
     Sm90TileConfig("sm90-128x128-k128-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128, a_in_registers=True),
     Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64),
     Sm90TileConfig("sm90-128x128-k128", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128),
 )}
-SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128"]
+SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k64-rs"]
+# Timing experiments (`eval.py sweep --diagnose`): the default without conversion, without wgmma.
+SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what)
+                         for what in ("skip-convert", "skip-mma"))
 
-CONSUMER_WARPS = tuple(range(8))  # warpgroups 0 and 1
-PRODUCER_WARP = 8
-THREADS_PER_CTA = 32 * (len(CONSUMER_WARPS) + 1)
-CONSUMER_THREADS = 32 * len(CONSUMER_WARPS)
-CONSUMER_BARRIER_ID = 1  # both consumer warpgroups: fp16 stage written, own wgmma done
-AB_CONSUMER_ARRIVES = len(CONSUMER_WARPS)  # PipelineTmaAsync: lane 0 of each consumer warp
+MMA_WARPGROUPS = TILE_M // 64  # warpgroups 0 and 1: wgmma M = 64 each
+CONSUMER_BARRIER_ID = 1  # every consumer warpgroup: fp16 stage written, own wgmma done
 NUM_F16_BUFFERS = 2
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_PER_SM = 233472  # 228 KiB, shared by the CTAs of an SM
@@ -108,17 +113,44 @@ F16X2_128 = 0x58005800  # fp16 128.0 in both halves
 A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 A in registers, (m + 64 k)
 
 
+class WarpRoles(NamedTuple):
+    """Warps of one configuration: consumer warpgroups first (the MMA ones,
+    then the B-only converters), the producer warp last."""
+    consumer_warpgroups: int
+    consumer_warps: int  # warps 0 .. consumer_warps - 1
+    producer_warp: int
+    threads: int
+    consumer_threads: int  # named barrier CONSUMER_BARRIER_ID
+    ab_consumer_arrives: int  # PipelineTmaAsync: lane 0 of each consumer warp
+    b_rows: Tuple[Tuple[int, int], ...]  # per consumer warpgroup: (first, count) of B's 128 rows it converts
+
+
+def warp_roles(config: "Sm90TileConfig") -> WarpRoles:
+    groups = MMA_WARPGROUPS + config.converter_warpgroups
+    # B's rows: split evenly between MMA warpgroups, or half to the converter
+    # warpgroup and a quarter to each MMA warpgroup (which also converts its A).
+    b_rows = ((0, 64), (64, 64)) if groups == 2 else ((0, 32), (32, 32), (64, 64))
+    return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 128 * groups, 4 * groups, b_rows)
+
+
 def check_warp_roles() -> None:
-    """Arrive counts and barriers against the warp layout, at import (a
-    mismatch would hang a GPU, so it must fail here)."""
-    assert CONSUMER_WARPS == tuple(range(len(CONSUMER_WARPS))) and len(CONSUMER_WARPS) == 8
-    assert PRODUCER_WARP == len(CONSUMER_WARPS)
-    assert AB_CONSUMER_ARRIVES == len(CONSUMER_WARPS)
-    assert CONSUMER_THREADS % 128 == 0 and TILE_M == 64 * (CONSUMER_THREADS // 128)
+    """Arrive counts, barriers and row splits against the warp layout, at
+    import (a mismatch would hang a GPU, so it must fail here)."""
     for config in SM90_CONFIGS.values():
-        # dequantize_rows: a warpgroup's 128 threads cover 64 rows x (tile_k / 16) blocks
+        roles = warp_roles(config)
+        assert config.converter_warpgroups in (0, 1), config
+        assert roles.producer_warp == roles.consumer_warps == 4 * roles.consumer_warpgroups
+        assert roles.ab_consumer_arrives == roles.consumer_warps and roles.consumer_threads == 32 * roles.consumer_warps
+        assert roles.threads == 32 * (roles.consumer_warps + 1)
+        assert len(roles.b_rows) == roles.consumer_warpgroups
+        covered = sorted(r for first, count in roles.b_rows for r in range(first, first + count))
+        assert covered == list(range(TILE_N)), config  # every B row converted once
+        # dequantize_rows: a warpgroup's 128 threads cover 128 / (tile_k / 16) rows per pass
+        rows_per_pass = 128 // (config.tile_k // 16)
+        assert all(count % rows_per_pass == 0 for _, count in roles.b_rows), config
         assert config.tile_k in (64, 128) and SF_VEC_SIZE == 16, config
         assert (config.mma_m, config.mma_n) == (TILE_M, TILE_N), config
+        assert config.converter_warpgroups == 0 or config.a_in_registers, config
 
 
 def smem_budget(config: Sm90TileConfig) -> int:
@@ -129,7 +161,7 @@ def smem_budget(config: Sm90TileConfig) -> int:
 def register_budget(config: Sm90TileConfig) -> int:
     """Registers per thread that let `ctas_per_sm` CTAs fit an SM (allocated
     per warp in units of 8 per thread)."""
-    return REGISTERS_PER_SM // (THREADS_PER_CTA * config.ctas_per_sm) // 8 * 8
+    return REGISTERS_PER_SM // (warp_roles(config).threads * config.ctas_per_sm) // 8 * 8
 
 
 check_warp_roles()
@@ -158,27 +190,30 @@ def scale_f16x2(sf_byte: cutlass.Uint32) -> cutlass.Uint32:
         "=r,r"))
 
 
+def _dequant_word_ptx() -> str:
+    """Pair j takes its sign bits from the word shifted left by 12 - 4j and its
+    magnitude bits from it shifted left by 9 - 4j (right by 3 for j = 3): left
+    shifts can go to the multiply-add pipe, leaving two logic operations per
+    pair on the integer pipe, which the conversion otherwise fills first."""
+    lines = ["{\n\t.reg .b32 a, b, x;\n\t"]
+    for j in range(4):
+        sign = "mov.b32 a, $4;" if j == 3 else f"shl.b32 a, $4, {12 - 4 * j};"
+        magnitude = "shr.b32 b, $4, 3;" if j == 3 else f"shl.b32 b, $4, {9 - 4 * j};"
+        lines.append(f"{sign}\n\t{magnitude}\n\tand.b32 a, a, 0x80008000;\n\tand.b32 b, b, 0x0E000E00;\n\t"
+                     f"or.b32 x, a, b;\n\tmul.rn.f16x2 ${j}, x, $5;\n\t")
+    return "".join(lines) + "}"
+
+
+DEQUANT_WORD_PTX = _dequant_word_ptx()
+
+
 @cute.jit
 def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     """Eight E2M1 values (one 32-bit word, K ascending from the low nibble)
-    times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)."""
-    out = _asm(
-        llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
-        "{\n\t.reg .b32 q, t, s, x;\n\t"
-        "mov.b32 q, $4;\n\t"
-        # pair (3,7): nibbles at bits 12-15 and 28-31
-        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
-        "or.b32 x, s, t;\n\tmul.rn.f16x2 $3, x, $5;\n\t"
-        "shl.b32 q, q, 4;\n\t"  # (2,6)
-        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
-        "or.b32 x, s, t;\n\tmul.rn.f16x2 $2, x, $5;\n\t"
-        "shl.b32 q, q, 4;\n\t"  # (1,5)
-        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
-        "or.b32 x, s, t;\n\tmul.rn.f16x2 $1, x, $5;\n\t"
-        "shl.b32 q, q, 4;\n\t"  # (0,4)
-        "and.b32 s, q, 0x80008000;\n\tshr.b32 t, q, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
-        "or.b32 x, s, t;\n\tmul.rn.f16x2 $0, x, $5;\n\t}",
-        "=r,=r,=r,=r,r,r")
+    times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)
+    (`_dequant_word_ptx`)."""
+    out = _asm(llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
+               DEQUANT_WORD_PTX, "=r,=r,=r,=r,r,r")
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
 
 
@@ -223,6 +258,7 @@ class Sm90GroupedGemmKernel:
         self.packed_k_bytes = self.tile_k // 2  # per row and stage
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per operand and stage
         self.smem_budget = smem_budget(config)
+        self.roles = warp_roles(config)
 
     def _setup_attributes(self):
         f16_rows = TILE_N if self.config.a_in_registers else TILE_M + TILE_N
@@ -313,7 +349,7 @@ class Sm90GroupedGemmKernel:
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, total_tiles).launch(
-            grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], smem=self.smem_bytes, stream=stream)
+            grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream)
 
     # -------------------------------------------------------------------------
     # Device side: the dispatcher
@@ -333,7 +369,7 @@ class Sm90GroupedGemmKernel:
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, AB_CONSUMER_ARRIVES),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.roles.ab_consumer_arrives),
             tx_count=self.stage_bytes(),
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -345,10 +381,10 @@ class Sm90GroupedGemmKernel:
         cute.arch.sync_threads()  # barriers initialized
 
         layouts = self.make_layouts()
-        if warp_idx == PRODUCER_WARP:
+        if warp_idx == self.roles.producer_warp:
             self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
                           tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z)
-        if warp_idx < PRODUCER_WARP:
+        if warp_idx < self.roles.producer_warp:
             self.consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz,
                           grid_z)
 
@@ -373,7 +409,7 @@ class Sm90GroupedGemmKernel:
         atoms = (tma_atom_a, tma_atom_b)
         for i in cutlass.range_constexpr(NUM_TENSORMAPS):
             cpasync.prefetch_descriptor(atoms[i])
-            tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], PRODUCER_WARP)
+            tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], self.roles.producer_warp)
         sA = storage.a_packed.get_tensor(layouts.a_packed)
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFA = storage.sfa.get_tensor(layouts.sf)
@@ -397,7 +433,7 @@ class Sm90GroupedGemmKernel:
                 problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
             if group != loaded_group:
                 publish_tensormaps(tensormap_manager, self.group_packed(problem_sizes, group, abc_ptrs), atoms,
-                                   tuple(tensormap_gmem), PRODUCER_WARP, tuple(tensormap_smem))
+                                   tuple(tensormap_gmem), self.roles.producer_warp, tuple(tensormap_smem))
                 loaded_group = group
             k = problem_sizes[group, 2]
             k_tiles = k // self.tile_k
@@ -429,8 +465,8 @@ class Sm90GroupedGemmKernel:
     # Warps 0-3: consumer warpgroup
     # -------------------------------------------------------------------------
     @cute.jit
-    def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, first_row, tidx):
-        """Rows first_row .. first_row + 63 of stage `stage` (packed rows and
+    def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, first_row, tidx, num_rows: cutlass.Constexpr = 64):
+        """Rows first_row .. first_row + num_rows - 1 of stage `stage` (packed rows and
         their scale factors) into fp16 buffer `buffer`. A row has B = tile_k / 16
         blocks of 16 K (one 64-bit load, one scale factor each); thread t (of
         the warpgroup) takes block t % B of rows first_row + t / B + (128 / B) i.
@@ -440,7 +476,7 @@ class Sm90GroupedGemmKernel:
         rows_per_pass = 128 // blocks_per_row
         kb = tidx % blocks_per_row
         blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, blocks_per_row)
-        for i in cutlass.range_constexpr(64 // rows_per_pass):
+        for i in cutlass.range_constexpr(num_rows // rows_per_pass):
             row = first_row + tidx // blocks_per_row + rows_per_pass * i
             scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row, kb), stage)]))
             packed = blocks[row, kb]
@@ -462,12 +498,24 @@ class Sm90GroupedGemmKernel:
         of each packed word: the word shifted left by 4 (3 - q), then `dequant_pair`."""
         words = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint32)  # (rows, tile_k / 8)
         frag32 = cute.recast_tensor(frag, cutlass.Uint32)  # ((1, 2, 2), 1, K blocks): (row + 8, K + 8, kb)
-        shift = 4 * (3 - lane % 4)
+        to_pair = cutlass.Uint32(1) << (4 * (3 - lane % 4))  # a multiply (IMAD), not a shift on the integer pipe
         for kb in cutlass.range_constexpr(self.tile_k // 16):
             for dr in cutlass.range_constexpr(2):
                 scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row + 8 * dr, kb), stage)]))
                 for j in cutlass.range_constexpr(2):
-                    frag32[dr + 2 * j + 4 * kb] = dequant_pair(words[row + 8 * dr, 2 * kb + j] << shift, scale)
+                    frag32[dr + 2 * j + 4 * kb] = dequant_pair(words[row + 8 * dr, 2 * kb + j] * to_pair, scale)
+
+    @cute.jit
+    def dequantize_b_rows(self, sB, sSFB, sB16, stage, buffer, wg, wg_tidx):
+        """This warpgroup's rows of B (`WarpRoles.b_rows`)."""
+        b_rows = self.roles.b_rows
+        if cutlass.const_expr(all(count == b_rows[0][1] and first == w * count
+                                  for w, (first, count) in enumerate(b_rows))):
+            self.dequantize_rows(sB, sSFB, sB16, stage, buffer, b_rows[0][1] * wg, wg_tidx, b_rows[0][1])
+        else:
+            for w in cutlass.range_constexpr(len(b_rows)):
+                if wg == w:
+                    self.dequantize_rows(sB, sSFB, sB16, stage, buffer, b_rows[w][0], wg_tidx, b_rows[w][1])
 
     @cute.jit
     def consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz, grid_z):
@@ -504,32 +552,39 @@ class Sm90GroupedGemmKernel:
         while tile < total_tiles:
             group, group_first_tile, m_tile, n_tile = locate_tile(
                 problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
-            # A warpgroup whose 64 rows are all past M converts only its half of B.
-            rows_live = m_tile * TILE_M + 64 * wg < problem_sizes[group, 0]
+            # A warpgroup whose 64 rows are all past M (or a converter warpgroup)
+            # converts only its rows of B; a warp whose 16 fragment rows are all
+            # past M leaves its A registers as they are (they feed only rows past M).
+            rows_live = (wg < MMA_WARPGROUPS) & (m_tile * TILE_M + 64 * wg < problem_sizes[group, 0])
+            warp_rows_live = m_tile * TILE_M + 64 * wg + 16 * (wg_tidx // 32) < problem_sizes[group, 0]
             acc.fill(0.0)
             # K is a multiple of 256, so stages come in pairs: buffer 0, then 1
             for _ in cutlass.range(0, problem_sizes[group, 2] // (2 * self.tile_k), 1, unroll=1):
                 for buffer in cutlass.range_constexpr(NUM_F16_BUFFERS):
                     ab_pipeline.consumer_wait(state)
-                    if rows_live:
-                        if cutlass.const_expr(self.config.a_in_registers):
-                            self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row, wg_tidx % 32)
-                        else:
-                            self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
-                    self.dequantize_rows(sB, sSFB, sB16, state.index, buffer, 64 * wg, wg_tidx)
+                    if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
+                        if rows_live:
+                            if cutlass.const_expr(self.config.a_in_registers):
+                                if warp_rows_live:
+                                    self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row,
+                                                               wg_tidx % 32)
+                            else:
+                                self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
+                        self.dequantize_b_rows(sB, sSFB, sB16, state.index, buffer, wg, wg_tidx)
                     ab_pipeline.consumer_release(state)
                     # The previous stage's wgmma is done in both warpgroups (its buffers
                     # are free again) and the fp16 stage, written by threads, is visible
                     # to wgmma's async proxy, before either multiplies.
                     warpgroup.wait_group(0)
                     cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+                    cute.arch.barrier(barrier_id=CONSUMER_BARRIER_ID, number_of_threads=self.roles.consumer_threads)
                     if rows_live:
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(num_k_blocks):
-                            cute.gemm(tiled_mma, acc, tCrA[buffer][(None, None, kb)], tCrB[(None, None, kb, buffer)],
-                                      acc)
-                        warpgroup.commit_group()
+                        if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
+                            warpgroup.fence()
+                            for kb in cutlass.range_constexpr(num_k_blocks):
+                                cute.gemm(tiled_mma, acc, tCrA[buffer][(None, None, kb)],
+                                          tCrB[(None, None, kb, buffer)], acc)
+                            warpgroup.commit_group()
                     state.advance()
             warpgroup.wait_group(0)
             if rows_live:

@@ -58,24 +58,27 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
 @pytest.mark.parametrize("name", list(hopper.SM90_CONFIGS))
 def test_ptx_has_the_designed_instructions(report, name):
     (kernel,) = [k for k in report["kernels"] if k["config"] == name]
-    tile_k = hopper.SM90_CONFIGS[name].tile_k
+    config = hopper.SM90_CONFIGS[name]
+    roles = hopper.warp_roles(config)
     with open(kernel["ptx_file"]) as f:
         ptx = f.read()
     features = kernel["ptx_features"]
-    # fp16 wgmma, fp32 accumulators: one per 16-wide K block of a stage
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16", ptx)) == tile_k // 16
+    # fp16 wgmma, fp32 accumulators: one per 16-wide K block of a stage, for each of the
+    # two fp16 buffers (stages come in pairs); A from registers (RS) or shared memory (SS)
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16[^;]*", ptx)
+    assert len(wgmma) == 2 * config.tile_k // 16
+    a_in_registers = [re.search(r"\},\s*\{", w) is not None for w in wgmma]
+    assert all(a_in_registers) if config.a_in_registers else not any(a_in_registers), wgmma[0]
     # packed A and B by TMA through per-CTA descriptors; scale factors by bulk copy
     assert features["tma_load"] == 2 and features["bulk_copy_load"] == 2
     assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.NUM_TENSORMAPS
     # E4M3 scales converted in pairs; fp16 operands written with 16-byte stores, fenced for wgmma
     assert features["e4m3_to_f16x2"] >= 1
-    # each thread converts tile_k / 32 16-K blocks of A rows and as many of B rows: one
-    # 8-byte load and two 16-byte stores each
-    blocks = tile_k // 32
-    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * blocks * 2
-    assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2 * blocks
+    # B (and A in SS form) in 16-K blocks: one 8-byte load and two 16-byte stores each
+    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * 2 * (1 if config.a_in_registers else 2)
+    assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2
     assert "fence.proxy.async.shared::cta" in ptx
-    assert features["threads_per_cta"] == hopper.THREADS_PER_CTA == 288
+    assert features["threads_per_cta"] == roles.threads == 32 * (4 * roles.consumer_warpgroups + 1)
 
 
 # ---- the arithmetic, emulated bit for bit on the CPU ------------------------------
