@@ -7,14 +7,18 @@ Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
 
 - A producer warp streams the packed FP4 tiles of A and B (TMA, per-CTA
   descriptors rewritten when the CTA moves to another group, as the B200
-  kernel does) and the matching 1 KiB blocks of the reordered scale factors
-  (bulk copies: in the blocked layout the scale factors of 128 rows x 128 K
-  are contiguous) into `num_ab_stages` shared-memory stages.
-- Two consumer warpgroups turn each stage into fp16 operands in shared
-  memory and multiply them with wgmma (fp16 in, fp32 accumulate). A CTA tile
-  is 128 x 128 (M x N); warpgroup w converts and multiplies A rows
-  64w .. 64w + 63 and converts half of B (rows 64w .. 64w + 63), which both
-  read. A warpgroup whose A rows are all past M only converts its half of B.
+  kernel does) and the matching blocks of the reordered scale factors (bulk
+  copies: in the blocked layout the scale factors of 128 rows x 64 K are 512
+  contiguous bytes) into `num_ab_stages` shared-memory stages of `tile_k` K.
+- Two MMA warpgroups multiply with wgmma (fp16 in, fp32 accumulate) on a
+  128 x 128 (M x N) CTA tile: warpgroup w owns A rows 64w .. 64w + 63. In the
+  default configuration each dequantizes its A rows straight into wgmma's
+  register fragments (RS); `a_in_registers=False` converts them into fp16
+  shared memory instead (SS). B is converted into fp16 shared memory, which
+  both read; `WarpRoles.b_rows` says which warpgroup converts which B rows
+  (an optional third, B-only warpgroup takes half of them). A warpgroup whose
+  A rows are all past M only converts its B rows; a warp whose 16 fragment
+  rows are all past M skips its A fragment.
 - The conversion: an E2M1 nibble n placed as the fp16 bit pattern
   (n & 8) << 12 | (n & 7) << 9 is value * 2^-14 (zero, subnormal 0.5 and
   normal values alike), and one `mul.rn.f16x2` by fp16(scale) * 2^7 makes
@@ -22,24 +26,27 @@ Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
   2^-17 .. 21). The product of two such operands is the true product * 2^-14;
   the epilogue multiplies the fp32 accumulator by 2^14 (exact) and rounds to
   fp16. Each packed 32-bit word (8 consecutive K) yields its fp16 pairs in the
-  K order (0,4), (1,5), (2,6), (3,7); A and B use the same order, which leaves
-  every dot product unchanged.
-- Two fp16 buffers: stage k is converted into one while the wgmma of stage
-  k-1 reads the other; each warpgroup then waits for its own wgmma
-  (wait_group 0) and both meet at a named barrier before either multiplies,
-  so no buffer is rewritten while a wgmma may still read it.
+  K order (0,4), (1,5), (2,6), (3,7); A (registers or shared memory) and B use
+  the same order, which leaves every dot product unchanged.
+- Two fp16 buffers (B's shared memory, and A's registers or shared memory):
+  stages come in pairs (K is a multiple of 256), so each buffer index is a
+  compile-time constant. Stage k is converted into one buffer while the wgmma
+  of stage k-1 reads the other; each warpgroup then waits for its own wgmma
+  (wait_group 0) and all consumer warpgroups meet at a named barrier before
+  either multiplies, so no buffer is rewritten while a wgmma may still read it.
 
 Persistent: min(tiles, SMs) CTAs walk the tiles of all groups with the B200
 kernel's scheduler (`submission.locate_tile`), on the same run-time tables and
 host path (`submission.GroupedGemmLauncher`).
 
-Warps and pipelines:
-  warps 0-7  consumer warpgroups 0 and 1: convert, wgmma, epilogue (direct stores)
-  warp 8     producer: TMA A and B, bulk-copy SFA and SFB
+Warps and pipelines (`WarpRoles`, checked at import):
+  warps 0-7   MMA warpgroups 0 and 1: convert, wgmma, epilogue (direct stores)
+  warps 8-11  converter warpgroup (configurations with converter_warpgroups=1): B only
+  next warp   producer: TMA A and B, bulk-copy SFA and SFB
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
-      stage's transaction bytes) -> consumers (8 arrives, lane 0 of each
-      consumer warp)
-  named barrier 1: the 256 consumer threads, once per stage
+      stage's transaction bytes) -> consumers (one arrive per consumer warp,
+      lane 0)
+  named barrier 1: every consumer thread, once per stage
 """
 import dataclasses
 import functools
@@ -82,17 +89,19 @@ class Sm90TileConfig(TileConfig):
         return (self.mma_m, self.mma_n, self.tile_k)
 
 
-# Measured on an H200 (eval.py sweep): two CTAs per SM (16 converting warps,
-# tile_k 64) ran no faster than one on 3 of the 4 benchmarks, and the
-# shared-memory traffic per stage, not the warp count, bounds the SS forms:
-# A in registers removes A's fp16 stores to and wgmma loads from shared memory.
+# The configurations `eval.py sweep` times side by side (H200, same run, bench 0-3,
+# us): k64-rs 235/167/54/29, k64-rs-3wg 246/174/56/30, k64 233/165/53/29; dropped
+# after measuring: k128 (the first design, 277/191/61/32), k128-rs (242/172/55/30,
+# spills under DSL 4.5.2), two CTAs per SM at k64 (252/148/55/30 before the
+# stage-pair loop; no longer fits 112 registers). A in registers (RS) removes A's
+# fp16 stores to and wgmma loads from shared memory; it did not change the time,
+# nor did fewer conversion instructions or a third (B-only) warpgroup: see the
+# README's Hopper section for the profile.
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64-rs-3wg", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True,
                    converter_warpgroups=1),
     Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64, a_in_registers=True),
-    Sm90TileConfig("sm90-128x128-k128-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128, a_in_registers=True),
     Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64),
-    Sm90TileConfig("sm90-128x128-k128", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=128),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k64-rs"]
 # Timing experiments (`eval.py sweep --diagnose`): the default without conversion, without wgmma.
