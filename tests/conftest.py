@@ -1,5 +1,4 @@
 """Shared fixtures. Tests run from the repository root (`python -m pytest`)."""
-import os
 import sys
 from pathlib import Path
 

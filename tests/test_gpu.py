@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import submission
-from conftest import BENCHMARK_CASES, IS_B200, TEST_CASES, needs_b200, needs_cuda
+from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda
 from reference import check_implementation, generate_input
 
 pytestmark = needs_cuda

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import submission
-from conftest import HAS_CUDA, needs_cuda
+from conftest import needs_cuda
 from reference import generate_input
 
 
