@@ -80,6 +80,9 @@ class Sm90TileConfig(TileConfig):
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per operand and stage
     a_in_registers: bool = False  # A dequantized into wgmma's register fragments (RS) instead of shared memory
     converter_warpgroups: int = 0  # extra warpgroups that only dequantize B (0 or 1)
+    # Two converter warpgroups dequantize A and B into a ring of fp16 stages that two
+    # MMA-only warpgroups consume (mbarrier pipeline, no per-stage named barrier).
+    warp_specialized: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma, "alu-only"
     # replaces the conversion by as many register-only integer operations.
@@ -99,6 +102,7 @@ class Sm90TileConfig(TileConfig):
 # nor did fewer conversion instructions or a third (B-only) warpgroup: see the
 # README's Hopper section for the profile.
 SM90_CONFIGS = {c.name: c for c in (
+    Sm90TileConfig("sm90-128x128-k64-ws", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True),
     Sm90TileConfig("sm90-128x128-k64-rs-3wg", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True,
                    converter_warpgroups=1),
     Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64, a_in_registers=True),
@@ -112,6 +116,7 @@ SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.na
 MMA_WARPGROUPS = TILE_M // 64  # warpgroups 0 and 1: wgmma M = 64 each
 CONSUMER_BARRIER_ID = 1  # every consumer warpgroup: fp16 stage written, own wgmma done
 NUM_F16_BUFFERS = 2
+NUM_F16_STAGES_WS = 4  # warp-specialized: the converters run up to 4 stages ahead of the wgmma
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_PER_SM = 233472  # 228 KiB, shared by the CTAs of an SM
 SMEM_RESERVED = 1024  # per CTA
@@ -125,22 +130,28 @@ A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 
 
 class WarpRoles(NamedTuple):
     """Warps of one configuration: consumer warpgroups first (the MMA ones,
-    then the B-only converters), the producer warp last."""
+    then the converters), the producer warp last."""
     consumer_warpgroups: int
     consumer_warps: int  # warps 0 .. consumer_warps - 1
     producer_warp: int
     threads: int
-    consumer_threads: int  # named barrier CONSUMER_BARRIER_ID
-    ab_consumer_arrives: int  # PipelineTmaAsync: lane 0 of each consumer warp
-    b_rows: Tuple[Tuple[int, int], ...]  # per consumer warpgroup: (first, count) of B's 128 rows it converts
+    consumer_threads: int  # named barrier CONSUMER_BARRIER_ID (lockstep forms)
+    ab_consumer_arrives: int  # PipelineTmaAsync: lane 0 of each warp that converts
+    b_rows: Tuple[Tuple[int, int], ...]  # per converting warpgroup: (first, count) of B's 128 rows
+    f16_arrives: int  # warp-specialized: fp16 ring, every converter thread (full), every MMA thread (empty)
 
 
 def warp_roles(config: "Sm90TileConfig") -> WarpRoles:
+    if config.warp_specialized:
+        # warps 0-7 MMA, 8-15 converters (A and B rows 64c .. 64c + 63 for converter c)
+        groups = 2 * MMA_WARPGROUPS
+        return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 0, 4 * MMA_WARPGROUPS,
+                         ((0, 64), (64, 64)), 128 * MMA_WARPGROUPS)
     groups = MMA_WARPGROUPS + config.converter_warpgroups
     # B's rows: split evenly between MMA warpgroups, or half to the converter
     # warpgroup and a quarter to each MMA warpgroup (which also converts its A).
     b_rows = ((0, 64), (64, 64)) if groups == 2 else ((0, 32), (32, 32), (64, 64))
-    return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 128 * groups, 4 * groups, b_rows)
+    return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 128 * groups, 4 * groups, b_rows, 0)
 
 
 def check_warp_roles() -> None:
@@ -150,9 +161,17 @@ def check_warp_roles() -> None:
         roles = warp_roles(config)
         assert config.converter_warpgroups in (0, 1), config
         assert roles.producer_warp == roles.consumer_warps == 4 * roles.consumer_warpgroups
-        assert roles.ab_consumer_arrives == roles.consumer_warps and roles.consumer_threads == 32 * roles.consumer_warps
         assert roles.threads == 32 * (roles.consumer_warps + 1)
-        assert len(roles.b_rows) == roles.consumer_warpgroups
+        if config.warp_specialized:
+            # converters: warpgroups 2, 3 (TMA stages: one arrive per warp; fp16 ring: every
+            # thread); MMA: warpgroups 0, 1 (fp16 ring: every thread releases)
+            assert not config.a_in_registers and config.converter_warpgroups == 0, config
+            assert roles.ab_consumer_arrives == 4 * MMA_WARPGROUPS == roles.consumer_warps // 2
+            assert roles.f16_arrives == 128 * MMA_WARPGROUPS and len(roles.b_rows) == MMA_WARPGROUPS
+        else:
+            assert roles.ab_consumer_arrives == roles.consumer_warps
+            assert roles.consumer_threads == 32 * roles.consumer_warps
+            assert len(roles.b_rows) == roles.consumer_warpgroups
         covered = sorted(r for first, count in roles.b_rows for r in range(first, first + count))
         assert covered == list(range(TILE_N)), config  # every B row converted once
         # dequantize_rows: a warpgroup's 128 threads cover 128 / (tile_k / 16) rows per pass
@@ -218,6 +237,21 @@ DEQUANT_WORD_PTX = _dequant_word_ptx()
 
 
 @cute.jit
+def scale_f16x2_of_byte(scales: cutlass.Uint32, index: int) -> cutlass.Uint32:
+    """`scale_f16x2` of byte `index` (0..3) of a word of four scale factors."""
+    selector = index | (index << 4)  # byte `index` into bytes 0 and 1
+    return cutlass.Uint32(_asm(
+        cutlass.Uint32.mlir_type, [scales],
+        "{\n\t.reg .b16 h;\n\t.reg .b32 d, s, c;\n\t"
+        f"prmt.b32 d, $1, 0, {selector};\n\t"
+        "cvt.u16.u32 h, d;\n\t"
+        "cvt.rn.f16x2.e4m3x2 s, h;\n\t"
+        f"mov.b32 c, {F16X2_128};\n\t"
+        "mul.rn.f16x2 $0, s, c;\n\t}",
+        "=r,r"))
+
+
+@cute.jit
 def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     """Eight E2M1 values (one 32-bit word, K ascending from the low nibble)
     times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)
@@ -269,11 +303,12 @@ class Sm90GroupedGemmKernel:
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per operand and stage
         self.smem_budget = smem_budget(config)
         self.roles = warp_roles(config)
+        self.num_f16_stages = NUM_F16_STAGES_WS if config.warp_specialized else NUM_F16_BUFFERS
 
     def _setup_attributes(self):
         f16_rows = TILE_N if self.config.a_in_registers else TILE_M + TILE_N
-        f16_bytes = f16_rows * self.tile_k * 2 * NUM_F16_BUFFERS
-        mbarriers = 2 * 8 * 8  # full and empty, 8 stages at most
+        f16_bytes = f16_rows * self.tile_k * 2 * self.num_f16_stages
+        mbarriers = 2 * 8 * (8 + self.num_f16_stages)  # full and empty, 8 TMA stages at most
         free = self.smem_budget - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers - f16_bytes
         self.num_ab_stages = min(8, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
@@ -300,9 +335,9 @@ class Sm90GroupedGemmKernel:
             b_packed=cute.make_layout((TILE_N, width, stages), stride=(width, 1, TILE_N * width)),
             sf=cute.make_layout((self.sf_stage_bytes, stages)),
             a16=sm90_utils.make_smem_layout_a(
-                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, NUM_F16_BUFFERS),
+                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, self.num_f16_stages),
             b16=sm90_utils.make_smem_layout_b(
-                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, NUM_F16_BUFFERS))
+                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, self.num_f16_stages))
 
     def stage_bytes(self) -> int:
         return (TILE_M + TILE_N) * self.packed_k_bytes + 2 * self.sf_stage_bytes
@@ -343,6 +378,7 @@ class Sm90GroupedGemmKernel:
                 cute.struct.MemRange[cutlass.Int64, NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8],
                 BYTES_PER_TENSORMAP]
             ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
+            f16_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_f16_stages]  # warp-specialized only
             a16: cute.struct.Align[cute.struct.MemRange[
                 cutlass.Float16, 8 if self.config.a_in_registers else cute.cosize(layouts.a16)], 1024]
             b16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.b16)], 1024]
@@ -388,15 +424,31 @@ class Sm90GroupedGemmKernel:
                           for i in range(NUM_TENSORMAPS)]
         tensormap_gmem = [tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, i, None)].iterator)
                           for i in range(NUM_TENSORMAPS)]
+        f16_pipeline = None
+        if cutlass.const_expr(self.config.warp_specialized):
+            f16_pipeline = pipeline.PipelineAsync.create(
+                barrier_storage=storage.f16_mbar.data_ptr(),
+                num_stages=self.num_f16_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.roles.f16_arrives),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.roles.f16_arrives),
+            )
         cute.arch.sync_threads()  # barriers initialized
 
         layouts = self.make_layouts()
         if warp_idx == self.roles.producer_warp:
             self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
                           tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z)
-        if warp_idx < self.roles.producer_warp:
-            self.consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz,
-                          grid_z)
+        if cutlass.const_expr(self.config.warp_specialized):
+            if warp_idx < 4 * MMA_WARPGROUPS:
+                self.mma_warpgroup(layouts, storage, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles,
+                                   tidx, bidz, grid_z)
+            elif warp_idx < self.roles.producer_warp:
+                self.converter(layouts, storage, ab_pipeline, f16_pipeline, problem_sizes, total_tiles, tidx, bidz,
+                               grid_z)
+        else:
+            if warp_idx < self.roles.producer_warp:
+                self.consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx,
+                              bidz, grid_z)
 
     @cute.jit
     def group_packed(self, problem_sizes: cute.Tensor, group, abc_ptrs):
@@ -506,14 +558,22 @@ class Sm90GroupedGemmKernel:
         In the K order of `dequant_word` (logical pair p of an 8-group holds
         physical K p and p + 4, as B's shared-memory stage does), that is pair q
         of each packed word: the word shifted left by 4 (3 - q), then `dequant_pair`."""
-        words = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint32)  # (rows, tile_k / 8)
+        blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, tile_k / 16)
+        # the scale factors of a row's four 16-K blocks of one 64-K block are 4 consecutive bytes
+        scale_words = cute.recast_tensor(s_sf[(None, stage)], cutlass.Uint32)  # (sf_stage_bytes / 4,)
         frag32 = cute.recast_tensor(frag, cutlass.Uint32)  # ((1, 2, 2), 1, K blocks): (row + 8, K + 8, kb)
         to_pair = cutlass.Uint32(1) << (4 * (3 - lane % 4))  # a multiply (IMAD), not a shift on the integer pipe
-        for kb in cutlass.range_constexpr(self.tile_k // 16):
-            for dr in cutlass.range_constexpr(2):
-                scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row + 8 * dr, kb), stage)]))
-                for j in cutlass.range_constexpr(2):
-                    frag32[dr + 2 * j + 4 * kb] = dequant_pair(words[row + 8 * dr, 2 * kb + j] * to_pair, scale)
+        for dr in cutlass.range_constexpr(2):
+            r = row + 8 * dr
+            for block64 in cutlass.range_constexpr(self.tile_k // 64):
+                scales = scale_words[(block64 * SF_BLOCK_BYTES + sf_offset(r, 0)) // 4]
+                for kb4 in cutlass.range_constexpr(4):
+                    kb = 4 * block64 + kb4
+                    scale = scale_f16x2_of_byte(scales, kb4)
+                    packed = blocks[r, kb]  # one 8-byte load: K 16 kb .. 16 kb + 15
+                    for j in cutlass.range_constexpr(2):
+                        frag32[dr + 2 * j + 4 * kb] = dequant_pair(cutlass.Uint32(packed >> (32 * j)) * to_pair,
+                                                                   scale)
 
     @cute.jit
     def dequantize_b_rows(self, sB, sSFB, sB16, stage, buffer, wg, wg_tidx):
@@ -617,6 +677,89 @@ class Sm90GroupedGemmKernel:
             for c in cutlass.range_constexpr(4):
                 chains[c] = (chains[c] * cutlass.Uint32(0x9E3779B1)) ^ (chains[c] >> 7) ^ cutlass.Uint32(c)
         return chains[0] ^ chains[1] ^ chains[2] ^ chains[3]
+
+    # -------------------------------------------------------------------------
+    # Warp-specialized form: converter warpgroups 2, 3 and MMA warpgroups 0, 1
+    # -------------------------------------------------------------------------
+    @cute.jit
+    def converter(self, layouts, storage, ab_pipeline, f16_pipeline, problem_sizes, total_tiles, tidx, bidz, grid_z):
+        """Converter c (warpgroup 2 + c): A and B rows 64c .. 64c + 63 of every
+        TMA stage into the next free fp16 stage of the ring."""
+        c = tidx // 128 - MMA_WARPGROUPS
+        c_tidx = tidx % 128
+        sA = storage.a_packed.get_tensor(layouts.a_packed)
+        sB = storage.b_packed.get_tensor(layouts.b_packed)
+        sSFA = storage.sfa.get_tensor(layouts.sf)
+        sSFB = storage.sfb.get_tensor(layouts.sf)
+        sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
+        sB16 = storage.b16.get_tensor(layouts.b16.outer, swizzle=layouts.b16.inner)
+        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        f16_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_f16_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(
+                problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
+            rows_live = m_tile * TILE_M + 64 * c < problem_sizes[group, 0]  # else no wgmma reads them
+            for _ in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
+                ab_pipeline.consumer_wait(ab_state)
+                f16_pipeline.producer_acquire(f16_state)
+                if rows_live:
+                    self.dequantize_rows(sA, sSFA, sA16, ab_state.index, f16_state.index, 64 * c, c_tidx)
+                self.dequantize_rows(sB, sSFB, sB16, ab_state.index, f16_state.index, 64 * c, c_tidx)
+                ab_pipeline.consumer_release(ab_state)
+                # fp16 stores visible to wgmma's async proxy before the stage is handed over
+                cute.arch.fence_proxy("async.shared", space="cta")
+                f16_pipeline.producer_commit(f16_state)
+                ab_state.advance()
+                f16_state.advance()
+            tile += grid_z
+
+    @cute.jit
+    def mma_warpgroup(self, layouts, storage, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx,
+                      bidz, grid_z):
+        """MMA warpgroup w: wgmma on A rows 64w .. 64w + 63 of each fp16 stage;
+        a stage goes back to the converters once the wgmma reading it is done
+        (wait_group 1 after the next one is issued)."""
+        wg = tidx // 128
+        sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
+        sB16 = storage.b16.get_tensor(layouts.b16.outer, swizzle=layouts.b16.inner)
+        thr_mma = tiled_mma.get_slice(tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA16))  # (MMA, MMA_M, MMA_K, STAGE)
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB16))  # (MMA, MMA_N, MMA_K, STAGE)
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_f16_stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_f16_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(
+                problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
+            rows_live = m_tile * TILE_M + 64 * wg < problem_sizes[group, 0]
+            acc.fill(0.0)
+            for k_tile in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
+                f16_pipeline.consumer_wait(state)
+                if rows_live:
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(self.tile_k // 16):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, state.index)],
+                                  tCrB[(None, None, kb, state.index)], acc)
+                    warpgroup.commit_group()
+                warpgroup.wait_group(1)  # the previous stage's wgmma is done
+                if k_tile > 0:
+                    f16_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                state.advance()
+            warpgroup.wait_group(0)
+            f16_pipeline.consumer_release(release_state)
+            release_state.advance()
+            if rows_live:
+                self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)
+            tile += grid_z
 
     @cute.jit
     def epilogue(self, acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile):
