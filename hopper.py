@@ -93,14 +93,13 @@ class Sm90TileConfig(TileConfig):
         return (self.mma_m, self.mma_n, self.tile_k)
 
 
-# The configurations `eval.py sweep` times side by side (H200, same run, bench 0-3,
-# us): k64-rs 235/167/54/29, k64-rs-3wg 246/174/56/30, k64 233/165/53/29; dropped
-# after measuring: k128 (the first design, 277/191/61/32), k128-rs (242/172/55/30,
-# spills under DSL 4.5.2), two CTAs per SM at k64 (252/148/55/30 before the
-# stage-pair loop; no longer fits 112 registers). A in registers (RS) removes A's
-# fp16 stores to and wgmma loads from shared memory; it did not change the time,
-# nor did fewer conversion instructions or a third (B-only) warpgroup: see the
-# README's Hopper section for the profile.
+# The configurations `eval.py sweep` times side by side (us for benchmarks 0-3,
+# same run): H200: k64-rs 237/167/53/29, k64-rs-3wg 248/173/55/30, k64
+# 234/167/53/29; H100: k64-ws 232/160/53/30, k64-rs-3wg 249/175/55/31, k64-rs
+# 235/167/52/30, k64 233/166/52/30. Dropped after measuring: k128 (the first
+# design), k128-rs (spills under DSL 4.5.2), two CTAs per SM at k64. The
+# diagnostics show conversion and wgmma adding up rather than overlapping in
+# every form (README, "The Hopper kernel").
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64-ws", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True),
     Sm90TileConfig("sm90-128x128-k64-rs-3wg", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True,
