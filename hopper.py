@@ -85,7 +85,8 @@ class Sm90TileConfig(TileConfig):
     warp_specialized: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma, "alu-only"
-    # replaces the conversion by as many register-only integer operations.
+    # replaces the conversion by as many register-only integer operations, "skip-a"
+    # converts B only (what converting the tokens once per call would leave).
     diagnostic: str = ""
 
     @property
@@ -108,9 +109,11 @@ SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k64-rs"]
-# Timing experiments (`eval.py sweep --diagnose`): the default without conversion, without wgmma.
-SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what)
-                         for what in ("skip-convert", "skip-mma", "alu-only"))
+# Timing experiments (`eval.py sweep --diagnose`; see Sm90TileConfig.diagnostic).
+SM90_DIAGNOSTICS = tuple(dataclasses.replace(config, name=f"{config.name}-{what}", diagnostic=what)
+                         for config, what in ((SM90_CONFIG, "skip-convert"), (SM90_CONFIG, "skip-mma"),
+                                              (SM90_CONFIG, "alu-only"), (SM90_CONFIG, "skip-a"),
+                                              (SM90_CONFIGS["sm90-128x128-k64-ws"], "skip-a")))
 
 MMA_WARPGROUPS = TILE_M // 64  # warpgroups 0 and 1: wgmma M = 64 each
 CONSUMER_BARRIER_ID = 1  # every consumer warpgroup: fp16 stage written, own wgmma done
@@ -635,13 +638,14 @@ class Sm90GroupedGemmKernel:
                     if cutlass.const_expr(self.config.diagnostic == "alu-only"):
                         burn = self.integer_work(burn)
                     if cutlass.const_expr(self.config.diagnostic not in ("skip-convert", "alu-only")):
-                        if rows_live:
-                            if cutlass.const_expr(self.config.a_in_registers):
-                                if warp_rows_live:
-                                    self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row,
-                                                               wg_tidx % 32)
-                            else:
-                                self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
+                        if cutlass.const_expr(self.config.diagnostic != "skip-a"):
+                            if rows_live:
+                                if cutlass.const_expr(self.config.a_in_registers):
+                                    if warp_rows_live:
+                                        self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row,
+                                                                   wg_tidx % 32)
+                                else:
+                                    self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
                         self.dequantize_b_rows(sB, sSFB, sB16, state.index, buffer, wg, wg_tidx)
                     ab_pipeline.consumer_release(state)
                     # The previous stage's wgmma is done in both warpgroups (its buffers
@@ -704,8 +708,9 @@ class Sm90GroupedGemmKernel:
             for _ in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
                 ab_pipeline.consumer_wait(ab_state)
                 f16_pipeline.producer_acquire(f16_state)
-                if rows_live:
-                    self.dequantize_rows(sA, sSFA, sA16, ab_state.index, f16_state.index, 64 * c, c_tidx)
+                if cutlass.const_expr(self.config.diagnostic != "skip-a"):
+                    if rows_live:
+                        self.dequantize_rows(sA, sSFA, sA16, ab_state.index, f16_state.index, 64 * c, c_tidx)
                 self.dequantize_rows(sB, sSFB, sB16, ab_state.index, f16_state.index, 64 * c, c_tidx)
                 ab_pipeline.consumer_release(ab_state)
                 # fp16 stores visible to wgmma's async proxy before the stage is handed over
