@@ -465,7 +465,7 @@ class Sm90GroupedGemmKernel:
                 rows_of(abc_ptrs[group, 1], problem_sizes[group, 1]))
 
     # -------------------------------------------------------------------------
-    # Warp 4: producer
+    # The producer warp (last warp; `WarpRoles.producer_warp`)
     # -------------------------------------------------------------------------
     @cute.jit
     def producer(self, layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
@@ -526,7 +526,8 @@ class Sm90GroupedGemmKernel:
         ab_pipeline.producer_tail(state)
 
     # -------------------------------------------------------------------------
-    # Warps 0-3: consumer warpgroup
+    # Conversion helpers, and the lockstep consumer (warpgroups that convert
+    # and multiply, meeting at a named barrier once per stage)
     # -------------------------------------------------------------------------
     @cute.jit
     def dequantize_rows(self, s_packed, s_sf, s16, stage, buffer, first_row, tidx, num_rows: cutlass.Constexpr = 64):
@@ -591,6 +592,10 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx, bidz, grid_z):
+        """Lockstep forms: every consumer warpgroup converts its rows of each
+        stage (A into registers or fp16 shared memory, its B rows into fp16
+        shared memory); the MMA warpgroups then multiply it while the next
+        stage converts."""
         wg = tidx // 128
         wg_tidx = tidx % 128
         sA = storage.a_packed.get_tensor(layouts.a_packed)

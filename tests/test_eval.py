@@ -153,3 +153,10 @@ def test_overhead_reports_the_host_preparation_per_call():
         assert value and float(value[1]) > 0
     if HAS_CUDA:
         assert "warm.total" in done.stdout and "seed.total" in done.stdout and "cuLaunchKernel" in done.stdout and "cold.check+gather" in done.stdout
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks what a CPU-only machine reports")
+def test_sweep_needs_a_hopper_gpu():
+    done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "sweep", "--case", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "sweep: needs a Hopper GPU (sm_90)" in done.stdout

@@ -168,3 +168,20 @@ def test_two_ctas_per_sm_double_the_persistent_grid_and_the_workspace_holds_them
     three = hopper.Sm90TileConfig("three", 128, 128, False, ctas_per_sm=3, tile_k=64)
     with pytest.raises(ValueError, match="3 CTAs per SM"):
         submission.launch_plan(many, three, 132)
+
+
+def test_every_timing_diagnostic_compiles_for_sm90a():
+    """`eval.py sweep --diagnose` variants (wrong results by design, timing only),
+    compiled in a fresh process (the DSL takes its target at first use)."""
+    assert {c.diagnostic for c in hopper.SM90_DIAGNOSTICS} == {"skip-convert", "skip-mma", "alu-only", "skip-a"}
+    assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
+    script = ("import hopper\n"
+              "for config in hopper.SM90_DIAGNOSTICS:\n"
+              "    kernel = hopper.Sm90GroupedGemmKernel(config)\n"
+              "    assert hopper.compile_kernel(kernel) is not None\n"
+              "    assert kernel.smem_bytes <= hopper.smem_budget(config)\n"
+              "    print('compiled', config.name)\n")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(env_for("installed"), CUTE_DSL_ARCH="sm_90a"), timeout=1800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.count("compiled ") == len(hopper.SM90_DIAGNOSTICS)
