@@ -63,7 +63,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 
 import submission
-from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TileConfig,
+from submission import (BYTES_PER_TENSORMAP, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_CTA, TileConfig,
                         check_budget, locate_tile, publish_tensormaps)
 
 # =============================================================================
@@ -83,6 +83,9 @@ class Sm90TileConfig(TileConfig):
     # Two converter warpgroups dequantize A and B into a ring of fp16 stages that two
     # MMA-only warpgroups consume (mbarrier pipeline, no per-stage named barrier).
     warp_specialized: bool = False
+    # Warp-specialized form only: the tokens (A) converted once per call by a pre-pass
+    # kernel into fp16 scratch after the tensormaps, then loaded by TMA (converters do B).
+    tokens_prepass: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma, "alu-only"
     # replaces the conversion by as many register-only integer operations, "skip-a"
@@ -93,6 +96,10 @@ class Sm90TileConfig(TileConfig):
     def tile_mnk(self):
         return (self.mma_m, self.mma_n, self.tile_k)
 
+    def scratch_bytes(self, problem_sizes) -> int:
+        """The token pre-pass's fp16 A of every group, back to back."""
+        return sum(m * k * 2 for m, _, k, _ in problem_sizes) if self.tokens_prepass else 0
+
 
 # The configurations `eval.py sweep` times side by side (us for benchmarks 0-3,
 # same run): H200: k64-rs 237/167/53/29, k64-rs-3wg 248/173/55/30, k64
@@ -102,6 +109,8 @@ class Sm90TileConfig(TileConfig):
 # diagnostics show conversion and wgmma adding up rather than overlapping in
 # every form (README, "The Hopper kernel").
 SM90_CONFIGS = {c.name: c for c in (
+    Sm90TileConfig("sm90-128x128-k64-ws-pre", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True,
+                   tokens_prepass=True),
     Sm90TileConfig("sm90-128x128-k64-ws", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True),
     Sm90TileConfig("sm90-128x128-k64-rs-3wg", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True,
                    converter_warpgroups=1),
@@ -118,6 +127,7 @@ SM90_DIAGNOSTICS = tuple(dataclasses.replace(config, name=f"{config.name}-{what}
 MMA_WARPGROUPS = TILE_M // 64  # warpgroups 0 and 1: wgmma M = 64 each
 CONSUMER_BARRIER_ID = 1  # every consumer warpgroup: fp16 stage written, own wgmma done
 NUM_F16_BUFFERS = 2
+PREPASS_THREADS = 256  # token pre-pass: two threads per row of a 128-row, 256-K work item
 NUM_F16_STAGES_WS = 4  # warp-specialized: the converters run up to 4 stages ahead of the wgmma
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_PER_SM = 233472  # 228 KiB, shared by the CTAs of an SM
@@ -145,9 +155,11 @@ class WarpRoles(NamedTuple):
 
 def warp_roles(config: "Sm90TileConfig") -> WarpRoles:
     if config.warp_specialized:
-        # warps 0-7 MMA, 8-15 converters (A and B rows 64c .. 64c + 63 for converter c)
+        # warps 0-7 MMA, 8-15 converters (A and B rows 64c .. 64c + 63 for converter c);
+        # with the token pre-pass the MMA warps also release TMA stages (their fp16 A)
         groups = 2 * MMA_WARPGROUPS
-        return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 0, 4 * MMA_WARPGROUPS,
+        ab_arrives = 4 * MMA_WARPGROUPS * (2 if config.tokens_prepass else 1)
+        return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 0, ab_arrives,
                          ((0, 64), (64, 64)), 128 * MMA_WARPGROUPS)
     groups = MMA_WARPGROUPS + config.converter_warpgroups
     # B's rows: split evenly between MMA warpgroups, or half to the converter
@@ -168,9 +180,11 @@ def check_warp_roles() -> None:
             # converters: warpgroups 2, 3 (TMA stages: one arrive per warp; fp16 ring: every
             # thread); MMA: warpgroups 0, 1 (fp16 ring: every thread releases)
             assert not config.a_in_registers and config.converter_warpgroups == 0, config
-            assert roles.ab_consumer_arrives == 4 * MMA_WARPGROUPS == roles.consumer_warps // 2
+            assert roles.ab_consumer_arrives == (roles.consumer_warps if config.tokens_prepass
+                                                 else roles.consumer_warps // 2)
             assert roles.f16_arrives == 128 * MMA_WARPGROUPS and len(roles.b_rows) == MMA_WARPGROUPS
         else:
+            assert not config.tokens_prepass, config
             assert roles.ab_consumer_arrives == roles.consumer_warps
             assert roles.consumer_threads == 32 * roles.consumer_warps
             assert len(roles.b_rows) == roles.consumer_warpgroups
@@ -275,6 +289,12 @@ def dequant_pair(packed: cutlass.Uint32, scale: cutlass.Uint32) -> cutlass.Uint3
         "=r,r,r"))
 
 
+def scratch_address(tensormaps: cute.Tensor, num_ctas):
+    """Where a launch's scratch starts: after its CTAs' tensormaps in the
+    per-stream workspace (`submission.StreamResources.workspace_for`)."""
+    return tensormaps.iterator.toint() + cutlass.Int64(num_ctas) * (TENSORMAP_I64_PER_CTA * 8)
+
+
 def sf_offset(row, kb):
     """Byte offset of the scale factor of `row` (0..127 within its 128-row
     block) and 16-K block `kb` (0..tile_k/16 - 1 within the stage) in a
@@ -308,7 +328,7 @@ class Sm90GroupedGemmKernel:
         self.num_f16_stages = NUM_F16_STAGES_WS if config.warp_specialized else NUM_F16_BUFFERS
 
     def _setup_attributes(self):
-        f16_rows = TILE_N if self.config.a_in_registers else TILE_M + TILE_N
+        f16_rows = TILE_N if self.config.a_in_registers or self.config.tokens_prepass else TILE_M + TILE_N
         f16_bytes = f16_rows * self.tile_k * 2 * self.num_f16_stages
         mbarriers = 2 * 8 * (8 + self.num_f16_stages)  # full and empty, 8 TMA stages at most
         free = self.smem_budget - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers - f16_bytes
@@ -336,12 +356,17 @@ class Sm90GroupedGemmKernel:
             a_packed=cute.make_layout((TILE_M, width, stages), stride=(width, 1, TILE_M * width)),
             b_packed=cute.make_layout((TILE_N, width, stages), stride=(width, 1, TILE_N * width)),
             sf=cute.make_layout((self.sf_stage_bytes, stages)),
+            # fp16 A: the converters' ring, or with the token pre-pass the TMA stages
             a16=sm90_utils.make_smem_layout_a(
-                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, self.num_f16_stages),
+                utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16,
+                self.num_ab_stages if self.config.tokens_prepass else self.num_f16_stages),
             b16=sm90_utils.make_smem_layout_b(
                 utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, self.num_f16_stages))
 
     def stage_bytes(self) -> int:
+        """Bytes one TMA stage receives (its transaction count)."""
+        if self.config.tokens_prepass:  # fp16 A, packed B, SFB
+            return TILE_M * self.tile_k * 2 + TILE_N * self.packed_k_bytes + self.sf_stage_bytes
         return (TILE_M + TILE_N) * self.packed_k_bytes + 2 * self.sf_stage_bytes
 
     def _placeholder_tensors(self):
@@ -369,8 +394,15 @@ class Sm90GroupedGemmKernel:
         a, b = self._placeholder_tensors()
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
-        tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-            g2s, a, one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
+        if cutlass.const_expr(self.config.tokens_prepass):
+            a16 = cute.make_tensor(
+                cute.make_ptr(cutlass.Float16, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+                cute.make_layout((cutlass.Int32(128), cutlass.Int32(256)), stride=(cutlass.Int32(256), 1)))
+            tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+                g2s, a16, cute.slice_(layouts.a16, (None, None, 0)), (TILE_M, self.tile_k))
+        else:
+            tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+                g2s, a, one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
             g2s, b, one_stage(layouts.b_packed), (TILE_N, self.packed_k_bytes))
 
@@ -384,9 +416,11 @@ class Sm90GroupedGemmKernel:
             a16: cute.struct.Align[cute.struct.MemRange[
                 cutlass.Float16, 8 if self.config.a_in_registers else cute.cosize(layouts.a16)], 1024]
             b16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.b16)], 1024]
-            a_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.a_packed)], 128]
+            a_packed: cute.struct.Align[cute.struct.MemRange[
+                cutlass.Uint8, 128 if self.config.tokens_prepass else cute.cosize(layouts.a_packed)], 128]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 128]
-            sfa: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
+            sfa: cute.struct.Align[cute.struct.MemRange[
+                cutlass.Uint8, 128 if self.config.tokens_prepass else cute.cosize(layouts.sf)], 128]
             sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
 
         self.shared_storage = SharedStorage
@@ -395,6 +429,9 @@ class Sm90GroupedGemmKernel:
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
+        if cutlass.const_expr(self.config.tokens_prepass):
+            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups).launch(
+                grid=(1, 1, num_ctas), block=[PREPASS_THREADS, 1, 1], stream=stream)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, total_tiles).launch(
             grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream)
@@ -439,11 +476,12 @@ class Sm90GroupedGemmKernel:
         layouts = self.make_layouts()
         if warp_idx == self.roles.producer_warp:
             self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
-                          tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z)
+                          tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z,
+                          scratch_address(tensormaps, grid_z))
         if cutlass.const_expr(self.config.warp_specialized):
             if warp_idx < 4 * MMA_WARPGROUPS:
-                self.mma_warpgroup(layouts, storage, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles,
-                                   tidx, bidz, grid_z)
+                self.mma_warpgroup(layouts, storage, ab_pipeline, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs,
+                                   total_tiles, tidx, bidz, grid_z)
             elif warp_idx < self.roles.producer_warp:
                 self.converter(layouts, storage, ab_pipeline, f16_pipeline, problem_sizes, total_tiles, tidx, bidz,
                                grid_z)
@@ -451,6 +489,17 @@ class Sm90GroupedGemmKernel:
             if warp_idx < self.roles.producer_warp:
                 self.consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx,
                               bidz, grid_z)
+
+    @cute.jit
+    def group_tokens(self, problem_sizes: cute.Tensor, group, scratch):
+        """The token pre-pass's fp16 A (M, K) of `group`: groups back to back in `scratch`."""
+        offset = cutlass.Int64(0)
+        for g in cutlass.range(0, group, 1, unroll=1):
+            offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
+        k = problem_sizes[group, 2]
+        return cute.make_tensor(
+            cute.make_ptr(cutlass.Float16, scratch + offset, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            cute.make_layout((problem_sizes[group, 0], k), stride=(k, 1)))
 
     @cute.jit
     def group_packed(self, problem_sizes: cute.Tensor, group, abc_ptrs):
@@ -469,19 +518,27 @@ class Sm90GroupedGemmKernel:
     # -------------------------------------------------------------------------
     @cute.jit
     def producer(self, layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
-                 tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z):
+                 tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z, scratch):
+        """TMA A (packed, or with the token pre-pass its fp16 copy in `scratch`)
+        and B, bulk-copy SFA (not with the pre-pass) and SFB, per stage."""
+        prepass = self.config.tokens_prepass
         atoms = (tma_atom_a, tma_atom_b)
         for i in cutlass.range_constexpr(NUM_TENSORMAPS):
             cpasync.prefetch_descriptor(atoms[i])
             tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], self.roles.producer_warp)
-        sA = storage.a_packed.get_tensor(layouts.a_packed)
+        if cutlass.const_expr(prepass):
+            sA = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
+            a_tile = (TILE_M, self.tile_k)
+        else:
+            sA = storage.a_packed.get_tensor(layouts.a_packed)
+            a_tile = (TILE_M, self.packed_k_bytes)
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFA = storage.sfa.get_tensor(layouts.sf)
         sSFB = storage.sfb.get_tensor(layouts.sf)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-            cute.group_modes(cute.local_tile(mA, (TILE_M, self.packed_k_bytes), (None, None)), 0, 2))
+            cute.group_modes(cute.local_tile(mA, a_tile, (None, None)), 0, 2))
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
             cute.group_modes(cute.local_tile(mB, (TILE_N, self.packed_k_bytes), (None, None)), 0, 2))
@@ -496,7 +553,10 @@ class Sm90GroupedGemmKernel:
             group, group_first_tile, m_tile, n_tile = locate_tile(
                 problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
             if group != loaded_group:
-                publish_tensormaps(tensormap_manager, self.group_packed(problem_sizes, group, abc_ptrs), atoms,
+                operands = self.group_packed(problem_sizes, group, abc_ptrs)
+                if cutlass.const_expr(prepass):
+                    operands = (self.group_tokens(problem_sizes, group, scratch), operands[1])
+                publish_tensormaps(tensormap_manager, operands, atoms,
                                    tuple(tensormap_gmem), self.roles.producer_warp, tuple(tensormap_smem))
                 loaded_group = group
             k = problem_sizes[group, 2]
@@ -514,7 +574,7 @@ class Sm90GroupedGemmKernel:
                           tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tensormap_gmem[1], cute.AddressSpace.generic))
                 # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
                 if cute.arch.lane_idx() == 0:
-                    for base, dst in ((sfa_base, sSFA), (sfb_base, sSFB)):
+                    for base, dst in ((sfb_base, sSFB),) if prepass else ((sfa_base, sSFA), (sfb_base, sSFB)):
                         src = cute.make_tensor(
                             cute.make_ptr(cutlass.Uint8, base + k_tile * self.sf_stage_bytes, cute.AddressSpace.gmem,
                                           assumed_align=PTR_ALIGN_BYTES),
@@ -687,6 +747,73 @@ class Sm90GroupedGemmKernel:
         return chains[0] ^ chains[1] ^ chains[2] ^ chains[3]
 
     # -------------------------------------------------------------------------
+    # Token pre-pass (its own kernel, launched before the GEMM on the same stream)
+    # -------------------------------------------------------------------------
+    @cute.kernel
+    def convert_tokens(self, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor,
+                       tensormaps: cute.Tensor, num_groups: cutlass.Int32):
+        """A of every group to fp16 in the conversion's K order and scaled as
+        `dequant_word` does, into the scratch (`group_tokens`). Work items of
+        128 rows x 256 K, group by group; CTA b takes items b, b + grid, ...;
+        thread t converts 128 K of row t / 2 (16 packed words, 8 scales)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        _, _, bidz = cute.arch.block_idx()
+        _, _, grid_z = cute.arch.grid_dim()
+        scratch = scratch_address(tensormaps, grid_z)
+        total = cutlass.Int32(0)
+        for g in cutlass.range(0, num_groups, 1, unroll=1):
+            total += (problem_sizes[g, 0] + 127) // 128 * (problem_sizes[g, 2] // 256)
+        item = bidz
+        group = cutlass.Int32(0)
+        group_first = cutlass.Int32(0)
+        offset = cutlass.Int64(0)  # bytes of fp16 A before this group's
+        while item < total:
+            m = problem_sizes[group, 0]
+            k = problem_sizes[group, 2]
+            items = (m + 127) // 128 * (k // 256)
+            while item >= group_first + items:
+                group_first += items
+                offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
+                group += 1
+                m = problem_sizes[group, 0]
+                k = problem_sizes[group, 2]
+                items = (m + 127) // 128 * (k // 256)
+            local = item - group_first
+            row = local // (k // 256) * 128 + tidx // 2
+            k0 = local % (k // 256) * 256 + tidx % 2 * 128  # this thread's first K
+            if row < m:
+                self.convert_token_row(abc_ptrs[group, 0], sf_ptrs[group, 0], scratch + offset, row, k0, k)
+            item += grid_z
+
+    @cute.jit
+    def convert_token_row(self, a_address, sfa_address, out_address, row, k0, k):
+        """K k0 .. k0 + 127 of A's `row`: 16 packed words in, 64 fp16 pairs out."""
+        src = cute.make_tensor(
+            cute.make_ptr(cutlass.Uint32, a_address + cutlass.Int64(row) * (k // 2) + k0 // 2,
+                          cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(16))
+        words = cute.make_rmem_tensor((16,), cutlass.Uint32)
+        cute.autovec_copy(src, words)
+        # the 8 scale factors: two 64-K blocks of the blocked layout, 4 consecutive bytes each
+        scale_at = (sfa_address + (row // 128 * (k // 64) + k0 // 64) * SF_BLOCK_BYTES
+                    + sf_offset(row % 128, 0))
+        scales = cute.make_tensor(cute.make_ptr(cutlass.Uint32, scale_at, cute.AddressSpace.gmem, assumed_align=4),
+                                  cute.make_layout(2, stride=SF_BLOCK_BYTES // 4))
+        out = cute.make_rmem_tensor((64,), cutlass.Uint32)
+        for block in cutlass.range_constexpr(2):
+            scale_word = scales[block]
+            for kb4 in cutlass.range_constexpr(4):
+                scale = scale_f16x2_of_byte(scale_word, kb4)
+                for half in cutlass.range_constexpr(2):
+                    w = 8 * block + 2 * kb4 + half
+                    pairs = dequant_word(words[w], scale)
+                    for j in cutlass.range_constexpr(4):
+                        out[4 * w + j] = pairs[j]
+        dst = cute.make_tensor(
+            cute.make_ptr(cutlass.Uint32, out_address + (cutlass.Int64(row) * k + k0) * 2, cute.AddressSpace.gmem,
+                          assumed_align=16), cute.make_layout(64))
+        cute.autovec_copy(out, dst)
+
+    # -------------------------------------------------------------------------
     # Warp-specialized form: converter warpgroups 2, 3 and MMA warpgroups 0, 1
     # -------------------------------------------------------------------------
     @cute.jit
@@ -713,7 +840,7 @@ class Sm90GroupedGemmKernel:
             for _ in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
                 ab_pipeline.consumer_wait(ab_state)
                 f16_pipeline.producer_acquire(f16_state)
-                if cutlass.const_expr(self.config.diagnostic != "skip-a"):
+                if cutlass.const_expr(self.config.diagnostic != "skip-a" and not self.config.tokens_prepass):
                     if rows_live:
                         self.dequantize_rows(sA, sSFA, sA16, ab_state.index, f16_state.index, 64 * c, c_tidx)
                 self.dequantize_rows(sB, sSFB, sB16, ab_state.index, f16_state.index, 64 * c, c_tidx)
@@ -726,11 +853,13 @@ class Sm90GroupedGemmKernel:
             tile += grid_z
 
     @cute.jit
-    def mma_warpgroup(self, layouts, storage, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx,
-                      bidz, grid_z):
+    def mma_warpgroup(self, layouts, storage, ab_pipeline, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs,
+                      total_tiles, tidx, bidz, grid_z):
         """MMA warpgroup w: wgmma on A rows 64w .. 64w + 63 of each fp16 stage;
         a stage goes back to the converters once the wgmma reading it is done
-        (wait_group 1 after the next one is issued)."""
+        (wait_group 1 after the next one is issued). With the token pre-pass, A
+        comes from the TMA stage, which goes back to the producer likewise."""
+        prepass = self.config.tokens_prepass
         wg = tidx // 128
         sA16 = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
         sB16 = storage.b16.get_tensor(layouts.b16.outer, swizzle=layouts.b16.inner)
@@ -742,6 +871,8 @@ class Sm90GroupedGemmKernel:
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_f16_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_f16_stages)
+        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        ab_release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         tile = bidz
         group = cutlass.Int32(0)
         group_first_tile = cutlass.Int32(0)
@@ -752,20 +883,32 @@ class Sm90GroupedGemmKernel:
             acc.fill(0.0)
             for k_tile in cutlass.range(0, problem_sizes[group, 2] // self.tile_k, 1, unroll=1):
                 f16_pipeline.consumer_wait(state)
+                a_stage = state.index
+                if cutlass.const_expr(prepass):
+                    ab_pipeline.consumer_wait(ab_state)
+                    a_stage = ab_state.index
                 if rows_live:
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(self.tile_k // 16):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, state.index)],
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, a_stage)],
                                   tCrB[(None, None, kb, state.index)], acc)
                     warpgroup.commit_group()
                 warpgroup.wait_group(1)  # the previous stage's wgmma is done
                 if k_tile > 0:
                     f16_pipeline.consumer_release(release_state)
                     release_state.advance()
+                    if cutlass.const_expr(prepass):
+                        ab_pipeline.consumer_release(ab_release_state)
+                        ab_release_state.advance()
                 state.advance()
+                if cutlass.const_expr(prepass):
+                    ab_state.advance()
             warpgroup.wait_group(0)
             f16_pipeline.consumer_release(release_state)
             release_state.advance()
+            if cutlass.const_expr(prepass):
+                ab_pipeline.consumer_release(ab_release_state)
+                ab_release_state.advance()
             if rows_live:
                 self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)
             tile += grid_z

@@ -170,6 +170,11 @@ class TileConfig:
     def tile_mnk(self) -> Tuple[int, int, int]:
         return (self.mma_m, self.mma_n, 64 * MMA_K_BLOCKS_PER_STAGE)
 
+    def scratch_bytes(self, problem_sizes) -> int:
+        """Device scratch a launch needs after its CTAs' tensormaps (none here;
+        hopper.py's token pre-pass uses some)."""
+        return 0
+
 
 TILE_CONFIGS = {
     "128x128": TileConfig("128x128", 128, 128, swap_ab=False),
@@ -1040,12 +1045,14 @@ class ShapePlan(NamedTuple):
     """What one set of problem sizes on one device fixes: the configuration,
     the kernel's size words (see `table_words`), the tile and CTA counts, and
     per group the exact (dtype, shape, strides, device index) of a, b, c,
-    sfa_reordered and sfb_reordered as `gather_tables` reads them."""
+    sfa_reordered and sfb_reordered as `gather_tables` reads them; the
+    scratch bytes the configuration needs after the tensormaps."""
     config: TileConfig
     size_words: Tuple[int, ...]
     tiles: int
     ctas: int
     signature: Tuple[tuple, ...]
+    scratch_bytes: int = 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -1061,7 +1068,7 @@ def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int,
         tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
               for x in (dtype, shape, strides, device_index))
         for m, n, k, _ in problem_sizes)
-    return ShapePlan(config, size_words, tiles, ctas, signature)
+    return ShapePlan(config, size_words, tiles, ctas, signature, config.scratch_bytes(problem_sizes))
 
 
 def table_offsets(num_groups: int) -> Tuple[int, int, int]:
@@ -1181,17 +1188,28 @@ def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None
 class StreamResources:
     """What every plan launched on one (device, stream) shares: the tensormap
     workspace (launches on one stream run one after another, and each CTA
-    rewrites its descriptors from the kernel's own before first use) and an
-    arena of table slots. A slot returns to the arena when its plan goes, and
-    is reused only by plans built on the same stream, whose table copy is
-    ordered after every earlier launch there."""
+    rewrites its descriptors from the kernel's own before first use), with
+    any scratch a configuration needs after the tensormaps of a launch's CTAs,
+    and an arena of table slots. A slot returns to the arena when its plan
+    goes, and is reused only by plans built on the same stream, whose table
+    copy is ordered after every earlier launch there."""
 
     def __init__(self, device_index: int, stream: int):
         self.device_index = device_index
         self.stream = stream
-        self.workspace = torch.empty(sm_count(device_index) * MAX_CTAS_PER_SM * TENSORMAP_I64_PER_CTA,
-                                     dtype=torch.int64, device=device_index)
+        self.tensormap_words = sm_count(device_index) * MAX_CTAS_PER_SM * TENSORMAP_I64_PER_CTA
+        self.workspace = torch.empty(self.tensormap_words, dtype=torch.int64, device=device_index)
+        self.outgrown = []  # earlier workspaces, still named by the plans launched with them
         self.free_slots = []  # views of the arena's chunks
+
+    def workspace_for(self, scratch_bytes: int) -> torch.Tensor:
+        """The workspace, grown (never shrunk) to hold `scratch_bytes` after
+        the tensormaps of any launch's CTAs."""
+        words = self.tensormap_words + ceil_div(scratch_bytes, 8)
+        if self.workspace.numel() < words:
+            self.outgrown.append(self.workspace)
+            self.workspace = torch.empty(words, dtype=torch.int64, device=self.device_index)
+        return self.workspace
 
     def take_slot(self) -> torch.Tensor:
         if not self.free_slots:
@@ -1364,6 +1382,7 @@ class LaunchPlan:
         abc_at, sf_at, sizes_at = table_offsets(len(shape.signature))
         self.table_addresses = (base + 8 * sizes_at, base + 8 * abc_at, base + 8 * sf_at)
         self.counts = (len(shape.signature), shape.tiles, shape.ctas)
+        self.scratch_bytes = shape.scratch_bytes
         self.shared = False  # launched on a stream other than its own
         self.launchers = {}  # CUDA stream handle -> zero-argument launch
 
@@ -1382,7 +1401,8 @@ class LaunchPlan:
             torch.cuda.current_stream(self.device_index).wait_stream(
                 torch.cuda.ExternalStream(self.home.stream, device=self.device_index))
             self.shared = True
-        workspace = self.launcher.stream_resources(self.device_index, stream).workspace.data_ptr()
+        workspace = self.launcher.stream_resources(self.device_index, stream).workspace_for(
+            self.scratch_bytes).data_ptr()
         self.launchers[stream] = self.host.launcher(self.table_addresses + (workspace,) + self.counts, stream)
 
     def release(self):

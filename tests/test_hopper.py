@@ -71,12 +71,15 @@ def test_ptx_has_the_designed_instructions(report, name):
     a_in_registers = [re.search(r"\},\s*\{", w) is not None for w in wgmma]
     assert all(a_in_registers) if config.a_in_registers else not any(a_in_registers), wgmma[0]
     # packed A and B by TMA through per-CTA descriptors; scale factors by bulk copy
-    assert features["tma_load"] == 2 and features["bulk_copy_load"] == 2
+    # (with the token pre-pass, fp16 A by TMA and only SFB by bulk copy; its kernel stores fp16 A)
+    assert features["tma_load"] == 2 and features["bulk_copy_load"] == (1 if config.tokens_prepass else 2)
+    assert (len(re.findall(r"st\.global\.v4", ptx)) >= 16) == config.tokens_prepass
     assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.NUM_TENSORMAPS
     # E4M3 scales converted in pairs; fp16 operands written with 16-byte stores, fenced for wgmma
     assert features["e4m3_to_f16x2"] >= 1
     # B (and A in SS form) in 16-K blocks: one 8-byte load and two 16-byte stores each
-    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * 2 * (1 if config.a_in_registers else 2)
+    a_in_shared_by_threads = not (config.a_in_registers or config.tokens_prepass)
+    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * 2 * (2 if a_in_shared_by_threads else 1)
     assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2
     assert "fence.proxy.async.shared::cta" in ptx
     assert features["threads_per_cta"] == roles.threads == 32 * (4 * roles.consumer_warpgroups + 1)
@@ -185,3 +188,22 @@ def test_every_timing_diagnostic_compiles_for_sm90a():
                           env=dict(env_for("installed"), CUTE_DSL_ARCH="sm_90a"), timeout=1800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.count("compiled ") == len(hopper.SM90_DIAGNOSTICS)
+
+
+def test_the_token_prepass_asks_for_fp16_a_scratch_and_the_workspace_grows_for_it():
+    import submission
+    pre = next(c for c in hopper.SM90_CONFIGS.values() if c.tokens_prepass)
+    sizes = ((80, 256, 512, 1), (300, 128, 256, 1))
+    assert pre.scratch_bytes(sizes) == (80 * 512 + 300 * 256) * 2
+    assert submission.shape_plan(sizes, -1, 132, pre).scratch_bytes == pre.scratch_bytes(sizes)
+    assert submission.shape_plan(sizes, -1, 132, hopper.SM90_CONFIG).scratch_bytes == 0
+    assert all(c.scratch_bytes(sizes) == 0 for c in submission.TILE_CONFIGS.values())  # the B200 kernel
+    # StreamResources.workspace_for on the CPU: grows, never shrinks, keeps what plans still name
+    resources = object.__new__(submission.StreamResources)
+    resources.device_index, resources.tensormap_words, resources.outgrown = "cpu", 64, []
+    resources.workspace = torch.empty(64, dtype=torch.int64)
+    first = resources.workspace
+    assert resources.workspace_for(0) is first
+    grown = resources.workspace_for(1000)
+    assert grown.numel() == 64 + 125 and resources.outgrown == [first]
+    assert resources.workspace_for(8) is grown
