@@ -483,8 +483,8 @@ PTX_THREADS = re.compile(r"\.reqntid (\d+), 1, 1")
 
 def ptx_features(ptx: str) -> dict:
     found = {name: len(re.findall(pattern, ptx)) for name, pattern in PTX_FEATURES.items()}
-    threads = PTX_THREADS.search(ptx)
-    found["threads_per_cta"] = int(threads[1]) if threads else None
+    threads = [int(t) for t in PTX_THREADS.findall(ptx)]
+    found["threads_per_cta"] = max(threads) if threads else None  # the GEMM kernel's (the largest)
     return found
 
 
