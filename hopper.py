@@ -104,7 +104,8 @@ class Sm90TileConfig(TileConfig):
 # The configurations `eval.py sweep` times side by side (us for benchmarks 0-3,
 # same run): H200: k64-rs 237/167/53/29, k64-rs-3wg 248/173/55/30, k64
 # 234/167/53/29; H100: k64-ws 232/160/53/30, k64-rs-3wg 249/175/55/31, k64-rs
-# 235/167/52/30, k64 233/166/52/30. Dropped after measuring: k128 (the first
+# 235/167/52/30, k64 233/166/52/30; k64-ws-pre (token pre-pass) 203/144/53/36
+# against grouped_mm 218/138/50/27 in its run. Dropped after measuring: k128 (the first
 # design), k128-rs (spills under DSL 4.5.2), two CTAs per SM at k64. The
 # diagnostics show conversion and wgmma adding up rather than overlapping in
 # every form (README, "The Hopper kernel").
