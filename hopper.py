@@ -35,6 +35,13 @@ Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
   (wait_group 0) and all consumer warpgroups meet at a named barrier before
   either multiplies, so no buffer is rewritten while a wgmma may still read it.
 
+- Token pre-pass form (`tokens_prepass`, warp-specialized only): a first
+  kernel converts every group's A once per call into fp16 scratch after the
+  CTAs' tensormaps (`scratch_address`, sized by `Sm90TileConfig.scratch_bytes`
+  on the host); the GEMM then loads fp16 A by TMA into the swizzled stage and
+  its converters do B only (A rows are otherwise converted again for every
+  128-column tile).
+
 Persistent: min(tiles, SMs) CTAs walk the tiles of all groups with the B200
 kernel's scheduler (`submission.locate_tile`), on the same run-time tables and
 host path (`submission.GroupedGemmLauncher`).
@@ -76,7 +83,8 @@ SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 
 @dataclasses.dataclass(frozen=True)
 class Sm90TileConfig(TileConfig):
-    """The launcher's TileConfig plus the K depth of one pipeline stage."""
+    """The launcher's TileConfig plus the Hopper kernel's form: K per stage,
+    where A is converted to, which warps convert, and the token pre-pass."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per operand and stage
     a_in_registers: bool = False  # A dequantized into wgmma's register fragments (RS) instead of shared memory
     converter_warpgroups: int = 0  # extra warpgroups that only dequantize B (0 or 1)
