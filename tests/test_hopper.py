@@ -207,3 +207,19 @@ def test_the_token_prepass_asks_for_fp16_a_scratch_and_the_workspace_grows_for_i
     grown = resources.workspace_for(1000)
     assert grown.numel() == 64 + 125 and resources.outgrown == [first]
     assert resources.workspace_for(8) is grown
+
+
+def test_the_token_prepass_reads_each_rows_scale_factors_as_two_words():
+    """convert_token_row: the 8 scale factors of K k0 .. k0 + 127 of a row are
+    two 4-byte words of the blocked layout, 512 bytes apart."""
+    from reference import generate_input
+    m, n, k = 300, 128, 1024
+    data = generate_input((m,), (n,), (k,), 1, seed=11, device="cpu")
+    sfa_plain = data[1][0][0].view(torch.uint8)[:, :, 0]  # [M, K/16]
+    blocked = data[2][0][0].permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).flatten()
+    for row in (0, 5, 31, 32, 127, 128, 200, 299):
+        for k0 in range(0, k, 128):
+            scale_at = (row // 128 * (k // 64) + k0 // 64) * hopper.SF_BLOCK_BYTES + hopper.sf_offset(row % 128, 0)
+            assert scale_at % 4 == 0
+            got = [int(blocked[scale_at + block * hopper.SF_BLOCK_BYTES + i]) for block in (0, 1) for i in range(4)]
+            assert got == sfa_plain[row, k0 // 16: k0 // 16 + 8].tolist(), (row, k0)
