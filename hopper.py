@@ -962,12 +962,37 @@ def compile_kernel(kernel: Sm90GroupedGemmKernel):
         make_fake_stream())
 
 
+# `choose_sm90_config`: the token pre-pass pays for its second kernel once a call
+# has this many multiply-adds (H100, one run: benchmarks 0 and 1, 3.0e10 and
+# 1.5e10, gained; 2 and 3, 6.4e9 and 3.2e9, lost).
+PREPASS_MIN_MACS = 10 ** 10
+CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS, or "auto"; unset: SM90_CONFIG
+
+
+def choose_sm90_config(problem_sizes) -> Sm90TileConfig:
+    """Per shape set: the token pre-pass form for large calls, else the default."""
+    macs = sum(m * n * k for m, n, k, _ in problem_sizes)
+    return SM90_CONFIGS["sm90-128x128-k64-ws-pre"] if macs >= PREPASS_MIN_MACS else SM90_CONFIG
+
+
+def launcher_options(setting: Optional[str]) -> dict:
+    """GroupedGemmLauncher's config / choose for a CONFIG_ENV setting."""
+    if setting in (None, ""):
+        return {"config": SM90_CONFIG}
+    if setting == "auto":
+        return {"config": None, "choose": choose_sm90_config}
+    if setting not in SM90_CONFIGS:
+        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected 'auto' or one of {', '.join(SM90_CONFIGS)}")
+    return {"config": SM90_CONFIGS[setting]}
+
+
 _launcher = None
 
 
 def run_sm90(data):
     global _launcher
-    if _launcher is None:
+    if _launcher is None:  # the configuration setting is read once, at the first call
         _launcher = submission.GroupedGemmLauncher(
-            compile_fn=lambda config: compile_sm90(config, target_arch()), config=SM90_CONFIG)
+            compile_fn=lambda config: compile_sm90(config, target_arch()),
+            **launcher_options(os.environ.get(CONFIG_ENV)))
     return _launcher(data)

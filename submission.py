@@ -1057,11 +1057,13 @@ class ShapePlan(NamedTuple):
 
 @functools.lru_cache(maxsize=256)
 def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int,
-               config: Optional[TileConfig] = None) -> ShapePlan:
-    """Raises ValueError, naming the group, for sizes the kernel cannot take."""
+               config: Optional[TileConfig] = None, choose=None) -> ShapePlan:
+    """Raises ValueError, naming the group, for sizes the kernel cannot take.
+    `config` fixed, else `choose(problem_sizes)` (default: the B200 cost
+    model's `choose_config`), called once the sizes are known to be valid."""
     for g, size in enumerate(problem_sizes):
         check_problem_size(g, size)
-    config = config or choose_config(problem_sizes)
+    config = config or (choose or choose_config)(problem_sizes)
     sizes, tiles, ctas = launch_plan(problem_sizes, config, num_sms)
     size_words = tuple(w for mp, np_, k, l in sizes for w in (mp | np_ << 32, k | l << 32))
     signature = tuple(
@@ -1429,9 +1431,10 @@ class GroupedGemmLauncher:
     `allow_cpu_tensors`."""
 
     def __init__(self, compile_fn=None, max_plans: int = 64, plan_factory=None, validate=None,
-                 allow_cpu_tensors: bool = False, config: Optional[TileConfig] = None):
+                 allow_cpu_tensors: bool = False, config: Optional[TileConfig] = None, choose=None):
         self.compile_fn = compile_fn or compile_grouped_gemm
-        self.config = config  # a fixed configuration; None: choose_config per shape set
+        self.config = config  # a fixed configuration; None: choose(sizes) per shape set
+        self.choose = choose  # None: the B200 cost model's choose_config
         self.max_plans = max_plans  # beyond it, the oldest plan goes
         self.plans: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
         self.plan_factory = plan_factory or LaunchPlan
@@ -1475,14 +1478,15 @@ class GroupedGemmLauncher:
             device_index = data[0][0][0].get_device()
             if device_index >= 0 or self.allow_cpu_tensors:
                 shape = shape_plan(tuple(map(tuple, data[3])), device_index,
-                                   self.num_sms(device_index), config)
+                                   self.num_sms(device_index), config, self.choose)
                 words = gather_tables(data, shape)
         except (TypeError, ValueError, AttributeError, IndexError):
             words = None
         if words is None:  # not exactly the leaderboard's layout
             self.validate(data)  # raises, naming the group and the problem
             device_index = data[0][0][0].get_device()
-            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config)
+            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config,
+                               self.choose)
             words = gather_tables(data, shape, check=False)
         return shape, words, device_index
 

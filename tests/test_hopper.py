@@ -223,3 +223,25 @@ def test_the_token_prepass_reads_each_rows_scale_factors_as_two_words():
             assert scale_at % 4 == 0
             got = [int(blocked[scale_at + block * hopper.SF_BLOCK_BYTES + i]) for block in (0, 1) for i in range(4)]
             assert got == sfa_plain[row, k0 // 16: k0 // 16 + 8].tolist(), (row, k0)
+
+
+def test_the_configuration_setting_and_the_per_shape_choice():
+    import submission
+    assert hopper.launcher_options(None) == {"config": hopper.SM90_CONFIG}
+    assert hopper.launcher_options("sm90-128x128-k64") == {"config": hopper.SM90_CONFIGS["sm90-128x128-k64"]}
+    with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG='k99': expected 'auto' or one of sm90-"):
+        hopper.launcher_options("k99")
+    auto = hopper.launcher_options("auto")
+    assert auto["config"] is None and auto["choose"] is hopper.choose_sm90_config
+    # the pre-pass form for the two large benchmarks, the default for the others and the tests
+    chosen = [hopper.choose_sm90_config([[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])])
+              for c in BENCHMARK_CASES + TEST_CASES]
+    prepass = hopper.SM90_CONFIGS["sm90-128x128-k64-ws-pre"]
+    assert chosen[:4] == [prepass, prepass, hopper.SM90_CONFIG, hopper.SM90_CONFIG]
+    assert all(c is hopper.SM90_CONFIG for c in chosen[4:])
+    # the launcher passes the choice to shape_plan, after the sizes are checked
+    sizes = ((1024, 4096, 7168, 1), (256, 4096, 7168, 1))
+    shape = submission.shape_plan(sizes, -1, 132, None, hopper.choose_sm90_config)
+    assert shape.config is prepass and shape.scratch_bytes == (1024 + 256) * 7168 * 2
+    with pytest.raises(ValueError, match="group 1"):
+        submission.shape_plan(((128, 256, 512, 1), (128, 256, 100, 1)), -1, 132, None, hopper.choose_sm90_config)
