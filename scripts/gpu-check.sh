@@ -23,7 +23,7 @@ step python3 eval.py 2>&1 | tee "$OUT/eval.log"
 step python3 eval.py overhead 2>&1 | tee "$OUT/overhead.log"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$sanitizer" ]; then
-  step "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 9 python3 -W ignore scripts/sanitize_cases.py 2>&1 | tee "$OUT/memcheck.log"
+  step "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 9 python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} 2>&1 | tee "$OUT/memcheck.log"
 else
   echo "=== compute-sanitizer not found: memcheck skipped"
 fi

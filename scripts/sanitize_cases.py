@@ -1,5 +1,7 @@
 """custom_kernel on one test shape and one benchmark shape, checked against the
-reference: run under `compute-sanitizer --tool memcheck` by scripts/gpu-check.sh."""
+reference: run under `compute-sanitizer --tool memcheck` by scripts/gpu-check.sh.
+Arguments: the test and benchmark indices (default 3 3; gpu-check.sh passes
+$SANITIZE_CASES)."""
 import sys
 from pathlib import Path
 
@@ -11,7 +13,8 @@ from eval import BENCHMARKS_FILE, TESTS_FILE, read_test_file  # noqa: E402
 from reference import check_implementation, generate_input  # noqa: E402
 
 failed = False
-for path, index in ((TESTS_FILE, 3), (BENCHMARKS_FILE, 3)):
+test_index, benchmark_index = (int(a) for a in (sys.argv[1:3] if len(sys.argv) >= 3 else (3, 3)))
+for path, index in ((TESTS_FILE, test_index), (BENCHMARKS_FILE, benchmark_index)):
     case = read_test_file(path)[index]
     data = generate_input(**case.args)
     output = submission.custom_kernel(data)
