@@ -48,6 +48,8 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
         assert 0 < kernel["dynamic_smem_bytes"] <= hopper.smem_budget(config) <= hopper.SMEM_CAPACITY
         assert config.ctas_per_sm * (kernel["dynamic_smem_bytes"] + hopper.SMEM_RESERVED) <= hopper.SMEM_PER_SM
         assert kernel["direct_host_arguments"] is True
+        # one entry point, or two with the token pre-pass (its kernel, then the GEMM)
+        assert kernel["kernels"] == (2 if config.tokens_prepass else 1)
     expected = [[[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])]
                 for c in TEST_CASES + BENCHMARK_CASES]
     plans = report["shape_sets"]
