@@ -123,8 +123,8 @@ SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64-ws", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True),
     Sm90TileConfig("sm90-128x128-k64-rs-3wg", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True,
                    converter_warpgroups=1),
-    Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64, a_in_registers=True),
-    Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, ctas_per_sm=1, tile_k=64),
+    Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True),
+    Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, tile_k=64),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k64-rs"]
 # Timing experiments (`eval.py sweep --diagnose`; see Sm90TileConfig.diagnostic).
@@ -230,40 +230,27 @@ def _asm(result_types, args, ptx: str, constraints: str):
                            asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@cute.jit
-def scale_f16x2(sf_byte: cutlass.Uint32) -> cutlass.Uint32:
-    """fp16(E4M3 scale) * 2^7 in both halves of a 32-bit word."""
-    doubled = sf_byte | (sf_byte << 8)
-    return cutlass.Uint32(_asm(
-        cutlass.Uint32.mlir_type, [doubled],
-        "{\n\t.reg .b16 h;\n\t.reg .b32 s, c;\n\t"
-        "cvt.u16.u32 h, $1;\n\t"
-        "cvt.rn.f16x2.e4m3x2 s, h;\n\t"
-        f"mov.b32 c, {F16X2_128};\n\t"
-        "mul.rn.f16x2 $0, s, c;\n\t}",
-        "=r,r"))
-
-
-def _dequant_word_ptx() -> str:
-    """Pair j takes its sign bits from the word shifted left by 12 - 4j and its
-    magnitude bits from it shifted left by 9 - 4j (right by 3 for j = 3): left
+def _pair_ptx(j: int, packed: str, scale: str, out: str) -> str:
+    """PTX for the fp16 pair (j, j + 4) of the eight E2M1 nibbles in `packed`,
+    times `scale`, into `out`: sign bits from the word shifted left by 12 - 4j,
+    magnitude bits from it shifted left by 9 - 4j (right by 3 for j = 3). Left
     shifts can go to the multiply-add pipe, leaving two logic operations per
     pair on the integer pipe, which the conversion otherwise fills first."""
-    lines = ["{\n\t.reg .b32 a, b, x;\n\t"]
-    for j in range(4):
-        sign = "mov.b32 a, $4;" if j == 3 else f"shl.b32 a, $4, {12 - 4 * j};"
-        magnitude = "shr.b32 b, $4, 3;" if j == 3 else f"shl.b32 b, $4, {9 - 4 * j};"
-        lines.append(f"{sign}\n\t{magnitude}\n\tand.b32 a, a, 0x80008000;\n\tand.b32 b, b, 0x0E000E00;\n\t"
-                     f"or.b32 x, a, b;\n\tmul.rn.f16x2 ${j}, x, $5;\n\t")
-    return "".join(lines) + "}"
+    sign = f"mov.b32 a, {packed};" if j == 3 else f"shl.b32 a, {packed}, {12 - 4 * j};"
+    magnitude = f"shr.b32 b, {packed}, 3;" if j == 3 else f"shl.b32 b, {packed}, {9 - 4 * j};"
+    return (f"{sign}\n\t{magnitude}\n\tand.b32 a, a, 0x80008000;\n\tand.b32 b, b, 0x0E000E00;\n\t"
+            f"or.b32 x, a, b;\n\tmul.rn.f16x2 {out}, x, {scale};\n\t")
 
 
-DEQUANT_WORD_PTX = _dequant_word_ptx()
+PAIR_REGISTERS = "{\n\t.reg .b32 a, b, x;\n\t"
+DEQUANT_WORD_PTX = PAIR_REGISTERS + "".join(_pair_ptx(j, "$4", "$5", f"${j}") for j in range(4)) + "}"
+DEQUANT_PAIR_PTX = PAIR_REGISTERS + _pair_ptx(3, "$1", "$2", "$0") + "}"
 
 
 @cute.jit
-def scale_f16x2_of_byte(scales: cutlass.Uint32, index: int) -> cutlass.Uint32:
-    """`scale_f16x2` of byte `index` (0..3) of a word of four scale factors."""
+def scale_f16x2(scales: cutlass.Uint32, index: int) -> cutlass.Uint32:
+    """fp16(E4M3 scale) * 2^7 in both halves of a 32-bit word, for byte
+    `index` (0..3) of `scales` (a word of four scale factors, or one in byte 0)."""
     selector = index | (index << 4)  # byte `index` into bytes 0 and 1
     return cutlass.Uint32(_asm(
         cutlass.Uint32.mlir_type, [scales],
@@ -280,7 +267,7 @@ def scale_f16x2_of_byte(scales: cutlass.Uint32, index: int) -> cutlass.Uint32:
 def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     """Eight E2M1 values (one 32-bit word, K ascending from the low nibble)
     times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)
-    (`_dequant_word_ptx`)."""
+    (`_pair_ptx`)."""
     out = _asm(llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
                DEQUANT_WORD_PTX, "=r,=r,=r,=r,r,r")
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
@@ -290,12 +277,7 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
 def dequant_pair(packed: cutlass.Uint32, scale: cutlass.Uint32) -> cutlass.Uint32:
     """The fp16 pair of the nibbles at bits 12-15 and 28-31 of `packed`, times
     the scale (`dequant_word`'s arithmetic for one pair)."""
-    return cutlass.Uint32(_asm(
-        cutlass.Uint32.mlir_type, [packed, scale],
-        "{\n\t.reg .b32 s, t, x;\n\t"
-        "and.b32 s, $1, 0x80008000;\n\tshr.b32 t, $1, 3;\n\tand.b32 t, t, 0x0E000E00;\n\t"
-        "or.b32 x, s, t;\n\tmul.rn.f16x2 $0, x, $2;\n\t}",
-        "=r,r,r"))
+    return cutlass.Uint32(_asm(cutlass.Uint32.mlir_type, [packed, scale], DEQUANT_PAIR_PTX, "=r,r,r"))
 
 
 def scratch_address(tensormaps: cute.Tensor, num_ctas):
@@ -318,9 +300,9 @@ def sf_offset(row, kb):
 class SmemLayouts(NamedTuple):
     a_packed: cute.Layout  # (TILE_M, K/2 bytes, STAGE)
     b_packed: cute.Layout  # (TILE_N, K/2 bytes, STAGE)
-    sf: cute.Layout  # (1 KiB, STAGE), SFA and SFB each
-    a16: cute.ComposedLayout  # (TILE_M, tile_k, BUFFER) fp16, wgmma's K-major swizzle
-    b16: cute.ComposedLayout  # (TILE_N, tile_k, BUFFER)
+    sf: cute.Layout  # (sf_stage_bytes, STAGE), SFA and SFB each
+    a16: cute.ComposedLayout  # (TILE_M, tile_k, STAGE) fp16, wgmma's K-major swizzle
+    b16: cute.ComposedLayout  # (TILE_N, tile_k, STAGE)
 
 
 class Sm90GroupedGemmKernel:
@@ -378,13 +360,15 @@ class Sm90GroupedGemmKernel:
             return TILE_M * self.tile_k * 2 + TILE_N * self.packed_k_bytes + self.sf_stage_bytes
         return (TILE_M + TILE_N) * self.packed_k_bytes + 2 * self.sf_stage_bytes
 
-    def _placeholder_tensors(self):
-        """Packed A and B as bytes, (rows, K/2), from which the TMA atoms are
-        built; each CTA rewrites the descriptors for its groups."""
+    @staticmethod
+    def _placeholder(dtype):
+        """A (rows, K) global tensor of `dtype` from which a TMA atom is built
+        (packed A or B as bytes, or the pre-pass's fp16 A); each CTA rewrites
+        the descriptors for its groups before its first copy."""
         rows, width = cutlass.Int32(128), cutlass.Int32(128)
-        return tuple(cute.make_tensor(
-            cute.make_ptr(cutlass.Uint8, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
-            cute.make_layout((rows, width), stride=(width, 1))) for _ in range(2))
+        return cute.make_tensor(
+            cute.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            cute.make_layout((rows, width), stride=(width, 1)))
 
     @cute.jit
     def __call__(
@@ -400,20 +384,16 @@ class Sm90GroupedGemmKernel:
     ):
         self._setup_attributes()
         layouts = self.make_layouts()
-        a, b = self._placeholder_tensors()
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
         if cutlass.const_expr(self.config.tokens_prepass):
-            a16 = cute.make_tensor(
-                cute.make_ptr(cutlass.Float16, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
-                cute.make_layout((cutlass.Int32(128), cutlass.Int32(256)), stride=(cutlass.Int32(256), 1)))
             tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-                g2s, a16, cute.slice_(layouts.a16, (None, None, 0)), (TILE_M, self.tile_k))
+                g2s, self._placeholder(cutlass.Float16), one_stage(layouts.a16), (TILE_M, self.tile_k))
         else:
             tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-                g2s, a, one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
+                g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
-            g2s, b, one_stage(layouts.b_packed), (TILE_N, self.packed_k_bytes))
+            g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed), (TILE_N, self.packed_k_bytes))
 
         @cute.struct
         class SharedStorage:
@@ -612,7 +592,7 @@ class Sm90GroupedGemmKernel:
         blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, blocks_per_row)
         for i in cutlass.range_constexpr(num_rows // rows_per_pass):
             row = first_row + tidx // blocks_per_row + rows_per_pass * i
-            scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row, kb), stage)]))
+            scale = scale_f16x2(cutlass.Uint32(s_sf[(sf_offset(row, kb), stage)]), 0)
             packed = blocks[row, kb]
             frag = cute.make_rmem_tensor((16,), cutlass.Float16)
             frag32 = cute.recast_tensor(frag, cutlass.Uint32)
@@ -641,7 +621,7 @@ class Sm90GroupedGemmKernel:
                 scales = scale_words[(block64 * SF_BLOCK_BYTES + sf_offset(r, 0)) // 4]
                 for kb4 in cutlass.range_constexpr(4):
                     kb = 4 * block64 + kb4
-                    scale = scale_f16x2_of_byte(scales, kb4)
+                    scale = scale_f16x2(scales, kb4)
                     packed = blocks[r, kb]  # one 8-byte load: K 16 kb .. 16 kb + 15
                     for j in cutlass.range_constexpr(2):
                         frag32[dr + 2 * j + 4 * kb] = dequant_pair(cutlass.Uint32(packed >> (32 * j)) * to_pair,
@@ -691,6 +671,9 @@ class Sm90GroupedGemmKernel:
         # changes inside the run-time loops and branches.
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
+        # the timing diagnostics (Sm90TileConfig.diagnostic) leave out A's or all conversion
+        convert_b = self.config.diagnostic not in ("skip-convert", "alu-only")
+        convert_a = convert_b and self.config.diagnostic != "skip-a"
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         tile = bidz
         group = cutlass.Int32(0)
@@ -711,15 +694,15 @@ class Sm90GroupedGemmKernel:
                     ab_pipeline.consumer_wait(state)
                     if cutlass.const_expr(self.config.diagnostic == "alu-only"):
                         burn = self.integer_work(burn)
-                    if cutlass.const_expr(self.config.diagnostic not in ("skip-convert", "alu-only")):
-                        if cutlass.const_expr(self.config.diagnostic != "skip-a"):
-                            if rows_live:
-                                if cutlass.const_expr(self.config.a_in_registers):
-                                    if warp_rows_live:
-                                        self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row,
-                                                                   wg_tidx % 32)
-                                else:
-                                    self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
+                    if cutlass.const_expr(convert_a):
+                        if rows_live:
+                            if cutlass.const_expr(self.config.a_in_registers):
+                                if warp_rows_live:
+                                    self.dequantize_a_fragment(sA, sSFA, tCrA[buffer], state.index, a_row,
+                                                               wg_tidx % 32)
+                            else:
+                                self.dequantize_rows(sA, sSFA, sA16, state.index, buffer, 64 * wg, wg_tidx)
+                    if cutlass.const_expr(convert_b):
                         self.dequantize_b_rows(sB, sSFB, sB16, state.index, buffer, wg, wg_tidx)
                     ab_pipeline.consumer_release(state)
                     # The previous stage's wgmma is done in both warpgroups (its buffers
@@ -769,9 +752,10 @@ class Sm90GroupedGemmKernel:
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
         scratch = scratch_address(tensormaps, grid_z)
+        items_of = lambda m, k: (m + 127) // 128 * (k // 256)  # work items of a group
         total = cutlass.Int32(0)
         for g in cutlass.range(0, num_groups, 1, unroll=1):
-            total += (problem_sizes[g, 0] + 127) // 128 * (problem_sizes[g, 2] // 256)
+            total += items_of(problem_sizes[g, 0], problem_sizes[g, 2])
         item = bidz
         group = cutlass.Int32(0)
         group_first = cutlass.Int32(0)
@@ -779,14 +763,14 @@ class Sm90GroupedGemmKernel:
         while item < total:
             m = problem_sizes[group, 0]
             k = problem_sizes[group, 2]
-            items = (m + 127) // 128 * (k // 256)
+            items = items_of(m, k)
             while item >= group_first + items:
                 group_first += items
                 offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
                 group += 1
                 m = problem_sizes[group, 0]
                 k = problem_sizes[group, 2]
-                items = (m + 127) // 128 * (k // 256)
+                items = items_of(m, k)
             local = item - group_first
             row = local // (k // 256) * 128 + tidx // 2
             k0 = local % (k // 256) * 256 + tidx % 2 * 128  # this thread's first K
@@ -811,7 +795,7 @@ class Sm90GroupedGemmKernel:
         for block in cutlass.range_constexpr(2):
             scale_word = scales[block]
             for kb4 in cutlass.range_constexpr(4):
-                scale = scale_f16x2_of_byte(scale_word, kb4)
+                scale = scale_f16x2(scale_word, kb4)
                 for half in cutlass.range_constexpr(2):
                     w = 8 * block + 2 * kb4 + half
                     pairs = dequant_word(words[w], scale)
@@ -947,7 +931,7 @@ def target_arch() -> str:
 @functools.lru_cache(maxsize=None)
 def compile_sm90(config: Optional[Sm90TileConfig] = None, arch: Optional[str] = None):
     """(compiled, kernel), one compile per configuration and architecture
-    (the launcher passes its fixed config)."""
+    (the launcher passes the configuration of each shape set)."""
     kernel = Sm90GroupedGemmKernel(config or SM90_CONFIG)
     return compile_kernel(kernel), kernel
 

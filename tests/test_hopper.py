@@ -115,6 +115,51 @@ def test_the_dequantization_identity_holds_for_every_pair():
     assert hopper.ACC_SCALE == 2.0 ** 14
 
 
+def run_ptx(ptx: str, operands: dict) -> dict:
+    """Emulate the integer and f16x2 instructions of the inline PTX bit for bit."""
+    regs = dict(operands)
+    value = lambda x: regs[x] if x in regs else int(x, 0)
+    for line in ptx.replace("{", "").replace("}", "").split(";"):
+        parts = line.replace(",", " ").split()
+        if not parts or parts[0] == ".reg":
+            continue
+        op, dst, args = parts[0], parts[1], [value(x) for x in parts[2:]]
+        if op == "mov.b32":
+            result = args[0]
+        elif op == "shl.b32":
+            result = args[0] << args[1]
+        elif op == "shr.b32":
+            result = args[0] >> args[1]
+        elif op == "and.b32":
+            result = args[0] & args[1]
+        elif op == "or.b32":
+            result = args[0] | args[1]
+        elif op == "mul.rn.f16x2":
+            halves = torch.tensor([[args[0] & 0xFFFF, args[0] >> 16], [args[1] & 0xFFFF, args[1] >> 16]],
+                                  dtype=torch.int32).to(torch.int16).view(torch.float16)
+            product = (halves[0] * halves[1]).view(torch.int16).to(torch.int32) & 0xFFFF
+            result = int(product[0]) | int(product[1]) << 16
+        else:
+            raise AssertionError(f"unexpected instruction {op}")
+        regs[dst] = result & 0xFFFFFFFF
+    return regs
+
+
+def test_the_conversion_ptx_yields_each_pair_times_the_scale():
+    """DEQUANT_WORD_PTX and DEQUANT_PAIR_PTX, emulated: pair j of a word is the
+    nibbles j and j + 4 as value * 2^-14 times the fp16 scale, exactly."""
+    scale = 0x4C00  # fp16 16.0 in both halves
+    scale2 = scale | scale << 16
+    for word in (0x76543210, 0xFEDCBA98, 0x19E2B7C4, 0x8F0F70F0):
+        out = run_ptx(hopper.DEQUANT_WORD_PTX, {"$4": word, "$5": scale2})
+        for j in range(4):
+            got = out[f"${j}"]
+            for half, nibble in ((got & 0xFFFF, word >> 4 * j & 15), (got >> 16, word >> 4 * (j + 4) & 15)):
+                assert f16(half) == e2m1(nibble) * 2.0 ** -14 * 16.0, (hex(word), j)
+        # dequant_pair: the same arithmetic as pair 3 (nibbles at bits 12-15 and 28-31)
+        assert run_ptx(hopper.DEQUANT_PAIR_PTX, {"$1": word, "$2": scale2})["$0"] == out["$3"]
+
+
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
 def test_scale_factor_offsets_address_the_blocked_layout(tile_k):
     from reference import generate_input
