@@ -961,6 +961,18 @@ def grouped_operands(data):
     return a, b.transpose(1, 2), offsets
 
 
+def grouped_mm_on_bf16(inputs: list):
+    """torch._grouped_mm on each input's operands dequantized to bf16
+    beforehand (outside the timing): a call taking one of `inputs`."""
+    import torch
+    prepared = {id(d): grouped_operands(d) for d in inputs}
+
+    def pre_dequantized(data):
+        a, b, offsets = prepared[id(data)]
+        return torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16)
+    return pre_dequantized
+
+
 def print_peers(cases: list, rows: list) -> None:
     """Per benchmark: this submission's path, torch._grouped_mm on operands
     already in bf16, dequantize-then-_grouped_mm, and the portable path, all
@@ -981,12 +993,7 @@ def print_peers(cases: list, rows: list) -> None:
         sizes = problem_sizes_of(case.args)
         flops = flops_of(sizes)
         ours = row["stats"].mean / 1e3 if row["ok"] else float("nan")
-        prepared = [grouped_operands(d) for d in inputs]
-        by_index = {id(d): p for d, p in zip(inputs, prepared)}
-
-        def pre_dequantized(data):
-            a, b, offsets = by_index[id(data)]
-            return torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16)
+        pre_dequantized = grouped_mm_on_bf16(inputs)
 
         def dequantize_then(data):
             a, b, offsets = grouped_operands(data)
@@ -1014,11 +1021,11 @@ def command_sweep(options) -> int:
         print("sweep: needs a Hopper GPU (sm_90)")
         return 2
     import hopper
+    from reference import generate_input
     cases = selected_cases(BENCHMARKS_FILE, options)
     configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if options.diagnose else [])
     launchers = {c.name: submission.GroupedGemmLauncher(
         compile_fn=lambda config: hopper.compile_sm90(config, hopper.target_arch()), config=c) for c in configs}
-    from reference import generate_input
     worst = 0
     for config in [c for c in configs if not c.diagnostic]:  # the task's test shapes first
         verdicts = [check_implementation(data, launchers[config.name](clone_data(data)))
@@ -1033,12 +1040,7 @@ def command_sweep(options) -> int:
         f"{c.name + ('*' if c == hopper.SM90_CONFIG else ''):>24}" for c in configs))
     for index, case in enumerate(cases):
         inputs = benchmark_inputs(case.args)
-        prepared = {id(d): grouped_operands(d) for d in inputs}
-
-        def pre_dequantized(data):
-            a, b, offsets = prepared[id(data)]
-            return torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16)
-        gmm = time_loop_us(pre_dequantized, inputs)
+        gmm = time_loop_us(grouped_mm_on_bf16(inputs), inputs)
         cells = []
         for config in configs:
             launcher = launchers[config.name]
