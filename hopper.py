@@ -91,9 +91,14 @@ class Sm90TileConfig(TileConfig):
     # Two converter warpgroups dequantize A and B into a ring of fp16 stages that two
     # MMA-only warpgroups consume (mbarrier pipeline, no per-stage named barrier).
     warp_specialized: bool = False
-    # Warp-specialized form only: the tokens (A) converted once per call by a pre-pass
-    # kernel into fp16 scratch after the tensormaps, then loaded by TMA (converters do B).
+    # The tokens (A) converted once per call by a pre-pass kernel into fp16 scratch
+    # after the tensormaps, then loaded by TMA (warp-specialized: converters do B).
     tokens_prepass: bool = False
+    # Token pre-pass form without converter warps: each MMA warpgroup dequantizes its
+    # 64 rows of B (the weights) into wgmma's register fragments, which multiply the
+    # TMA stage's fp16 tokens (wgmma N = mma_m tokens): a transposed tile C^T, and no
+    # fp16 operand written to shared memory by threads.
+    weights_in_registers: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma, "alu-only"
     # replaces the conversion by as many register-only integer operations, "skip-a"
@@ -103,6 +108,11 @@ class Sm90TileConfig(TileConfig):
     @property
     def tile_mnk(self):
         return (self.mma_m, self.mma_n, self.tile_k)
+
+    @property
+    def lockstep(self) -> bool:
+        """Consumer warpgroups that convert and multiply, meeting at a named barrier."""
+        return not (self.warp_specialized or self.weights_in_registers)
 
     def scratch_bytes(self, problem_sizes) -> int:
         """The token pre-pass's fp16 A of every group, back to back."""
@@ -118,6 +128,10 @@ class Sm90TileConfig(TileConfig):
 # diagnostics show conversion and wgmma adding up rather than overlapping in
 # every form (README, "The Hopper kernel").
 SM90_CONFIGS = {c.name: c for c in (
+    Sm90TileConfig("sm90-128x128-k64-wr", TILE_M, TILE_N, False, tile_k=64, tokens_prepass=True,
+                   weights_in_registers=True),
+    Sm90TileConfig("sm90-128x128-k128-wr", TILE_M, TILE_N, False, tile_k=128, tokens_prepass=True,
+                   weights_in_registers=True),
     Sm90TileConfig("sm90-128x128-k64-ws-pre", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True,
                    tokens_prepass=True),
     Sm90TileConfig("sm90-128x128-k64-ws", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True),
@@ -163,6 +177,11 @@ class WarpRoles(NamedTuple):
 
 
 def warp_roles(config: "Sm90TileConfig") -> WarpRoles:
+    if config.weights_in_registers:
+        # warps 0-7: MMA warpgroup w converts B rows 64w .. 64w + 63 and multiplies them
+        groups = MMA_WARPGROUPS
+        return WarpRoles(groups, 4 * groups, 4 * groups, 32 * (4 * groups + 1), 0, 4 * groups,
+                         ((0, 64), (64, 64)), 0)
     if config.warp_specialized:
         # warps 0-7 MMA, 8-15 converters (A and B rows 64c .. 64c + 63 for converter c);
         # with the token pre-pass the MMA warps also release TMA stages (their fp16 A)
@@ -185,7 +204,14 @@ def check_warp_roles() -> None:
         assert config.converter_warpgroups in (0, 1), config
         assert roles.producer_warp == roles.consumer_warps == 4 * roles.consumer_warpgroups
         assert roles.threads == 32 * (roles.consumer_warps + 1)
-        if config.warp_specialized:
+        if config.weights_in_registers:
+            assert config.tokens_prepass and not config.lockstep, config
+            assert not (config.warp_specialized or config.a_in_registers or config.converter_warpgroups), config
+            assert roles.consumer_warpgroups == MMA_WARPGROUPS == TILE_N // 64, config
+            assert roles.ab_consumer_arrives == roles.consumer_warps, config  # every warp releases its stage
+            # the tokens are wgmma's N: a multiple of 8 up to 256; the pre-pass's 128-row items need none
+            assert config.mma_n == TILE_N and config.mma_m % 8 == 0 and 8 <= config.mma_m <= 256, config
+        elif config.warp_specialized:
             # converters: warpgroups 2, 3 (TMA stages: one arrive per warp; fp16 ring: every
             # thread); MMA: warpgroups 0, 1 (fp16 ring: every thread releases)
             assert not config.a_in_registers and config.converter_warpgroups == 0, config
@@ -203,7 +229,7 @@ def check_warp_roles() -> None:
         rows_per_pass = 128 // (config.tile_k // 16)
         assert all(count % rows_per_pass == 0 for _, count in roles.b_rows), config
         assert config.tile_k in (64, 128) and SF_VEC_SIZE == 16, config
-        assert (config.mma_m, config.mma_n) == (TILE_M, TILE_N), config
+        assert config.weights_in_registers or (config.mma_m, config.mma_n) == (TILE_M, TILE_N), config
         assert config.converter_warpgroups == 0 or config.a_in_registers, config
 
 
@@ -312,6 +338,7 @@ class Sm90GroupedGemmKernel:
         self.config = config
         self.tile_k = config.tile_k
         self.tile_mnk = config.tile_mnk
+        self.tile_m, self.tile_n = config.mma_m, config.mma_n  # the scheduler's tile of C (M x N)
         self.packed_k_bytes = self.tile_k // 2  # per row and stage
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per operand and stage
         self.smem_budget = smem_budget(config)
@@ -319,19 +346,25 @@ class Sm90GroupedGemmKernel:
         self.num_f16_stages = NUM_F16_STAGES_WS if config.warp_specialized else NUM_F16_BUFFERS
 
     def _setup_attributes(self):
+        # fp16 written by threads (the token pre-pass's fp16 A is in the TMA stages)
         f16_rows = TILE_N if self.config.a_in_registers or self.config.tokens_prepass else TILE_M + TILE_N
-        f16_bytes = f16_rows * self.tile_k * 2 * self.num_f16_stages
+        f16_bytes = 0 if self.config.weights_in_registers else f16_rows * self.tile_k * 2 * self.num_f16_stages
         mbarriers = 2 * 8 * (8 + self.num_f16_stages)  # full and empty, 8 TMA stages at most
         free = self.smem_budget - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers - f16_bytes
         self.num_ab_stages = min(8, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
     def make_tiled_mma(self):
-        source = warpgroup.OperandSource.RMEM if self.config.a_in_registers else warpgroup.OperandSource.SMEM
+        """wgmma's A x B^T: A (M) x B (N) of the CTA tile, or with the weights
+        in registers B (its 128 rows: wgmma's A, from registers) x A (the
+        tokens: wgmma's N)."""
+        fragment_a = self.config.a_in_registers or self.config.weights_in_registers
+        source = warpgroup.OperandSource.RMEM if fragment_a else warpgroup.OperandSource.SMEM
+        rows, cols = (TILE_N, self.tile_m) if self.config.weights_in_registers else (TILE_M, TILE_N)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (TILE_M // 64, 1, 1), tiler_mn=(64, TILE_N), a_source=source)
-        if self.config.a_in_registers:
+            cutlass.Float32, (rows // 64, 1, 1), tiler_mn=(64, cols), a_source=source)
+        if fragment_a:
             # dequantize_a_fragment writes this thread-value layout of A (m + 64 k): thread
             # (lane % 4, lane / 4, warp) at k = 2 (lane % 4), m = lane / 4 + 16 warp; values
             # (k + 1, m + 8, k + 8): fp16 pairs of consecutive K, rows r and r + 8, K and K + 8.
@@ -347,17 +380,17 @@ class Sm90GroupedGemmKernel:
             a_packed=cute.make_layout((TILE_M, width, stages), stride=(width, 1, TILE_M * width)),
             b_packed=cute.make_layout((TILE_N, width, stages), stride=(width, 1, TILE_N * width)),
             sf=cute.make_layout((self.sf_stage_bytes, stages)),
-            # fp16 A: the converters' ring, or with the token pre-pass the TMA stages
+            # fp16 A: the converters' ring, or with the token pre-pass the TMA stages (tile_m rows)
             a16=sm90_utils.make_smem_layout_a(
                 utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16,
                 self.num_ab_stages if self.config.tokens_prepass else self.num_f16_stages),
-            b16=sm90_utils.make_smem_layout_b(
+            b16=sm90_utils.make_smem_layout_b(  # unused with the weights in registers
                 utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, self.num_f16_stages))
 
     def stage_bytes(self) -> int:
         """Bytes one TMA stage receives (its transaction count)."""
         if self.config.tokens_prepass:  # fp16 A, packed B, SFB
-            return TILE_M * self.tile_k * 2 + TILE_N * self.packed_k_bytes + self.sf_stage_bytes
+            return self.tile_m * self.tile_k * 2 + TILE_N * self.packed_k_bytes + self.sf_stage_bytes
         return (TILE_M + TILE_N) * self.packed_k_bytes + 2 * self.sf_stage_bytes
 
     @staticmethod
@@ -388,7 +421,7 @@ class Sm90GroupedGemmKernel:
         one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
         if cutlass.const_expr(self.config.tokens_prepass):
             tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-                g2s, self._placeholder(cutlass.Float16), one_stage(layouts.a16), (TILE_M, self.tile_k))
+                g2s, self._placeholder(cutlass.Float16), one_stage(layouts.a16), (self.tile_m, self.tile_k))
         else:
             tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
                 g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
@@ -404,7 +437,8 @@ class Sm90GroupedGemmKernel:
             f16_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_f16_stages]  # warp-specialized only
             a16: cute.struct.Align[cute.struct.MemRange[
                 cutlass.Float16, 8 if self.config.a_in_registers else cute.cosize(layouts.a16)], 1024]
-            b16: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.b16)], 1024]
+            b16: cute.struct.Align[cute.struct.MemRange[
+                cutlass.Float16, 8 if self.config.weights_in_registers else cute.cosize(layouts.b16)], 1024]
             a_packed: cute.struct.Align[cute.struct.MemRange[
                 cutlass.Uint8, 128 if self.config.tokens_prepass else cute.cosize(layouts.a_packed)], 128]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 128]
@@ -467,7 +501,11 @@ class Sm90GroupedGemmKernel:
             self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormap_manager,
                           tensormap_smem, tensormap_gmem, tma_atom_a, mA, tma_atom_b, mB, bidz, grid_z,
                           scratch_address(tensormaps, grid_z))
-        if cutlass.const_expr(self.config.warp_specialized):
+        if cutlass.const_expr(self.config.weights_in_registers):
+            if warp_idx < self.roles.producer_warp:
+                self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles,
+                                      tidx, bidz, grid_z)
+        elif cutlass.const_expr(self.config.warp_specialized):
             if warp_idx < 4 * MMA_WARPGROUPS:
                 self.mma_warpgroup(layouts, storage, ab_pipeline, f16_pipeline, tiled_mma, problem_sizes, abc_ptrs,
                                    total_tiles, tidx, bidz, grid_z)
@@ -517,7 +555,7 @@ class Sm90GroupedGemmKernel:
             tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], self.roles.producer_warp)
         if cutlass.const_expr(prepass):
             sA = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
-            a_tile = (TILE_M, self.tile_k)
+            a_tile = (self.tile_m, self.tile_k)
         else:
             sA = storage.a_packed.get_tensor(layouts.a_packed)
             a_tile = (TILE_M, self.packed_k_bytes)
@@ -540,7 +578,7 @@ class Sm90GroupedGemmKernel:
         loaded_group = cutlass.Int32(-1)
         while tile < total_tiles:
             group, group_first_tile, m_tile, n_tile = locate_tile(
-                problem_sizes, TILE_M, TILE_N, tile, group, group_first_tile)
+                problem_sizes, self.tile_m, self.tile_n, tile, group, group_first_tile)
             if group != loaded_group:
                 operands = self.group_packed(problem_sizes, group, abc_ptrs)
                 if cutlass.const_expr(prepass):
@@ -906,8 +944,65 @@ class Sm90GroupedGemmKernel:
                 self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile)
             tile += grid_z
 
+    # -------------------------------------------------------------------------
+    # Weights in registers: two MMA warpgroups, no converter warps
+    # -------------------------------------------------------------------------
     @cute.jit
-    def epilogue(self, acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile):
+    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx,
+                         bidz, grid_z):
+        """Warpgroup w dequantizes rows 64w .. 64w + 63 of each TMA stage's B
+        (packed weights and SFB) into wgmma A fragments and multiplies them by
+        the stage's fp16 tokens: the C^T tile. Two register buffers: a stage is
+        converted while the previous stage's wgmma runs; a TMA stage goes back
+        to the producer once the wgmma reading it is done (wait_group 1 after
+        the next one is issued)."""
+        wg = tidx // 128
+        wg_tidx = tidx % 128
+        sB = storage.b_packed.get_tensor(layouts.b_packed)
+        sSFB = storage.sfb.get_tensor(layouts.sf)
+        sTokens = storage.a16.get_tensor(layouts.a16.outer, swizzle=layouts.a16.inner)
+        thr_mma = tiled_mma.get_slice(tidx)
+        tCsT = tiled_mma.make_fragment_B(thr_mma.partition_B(sTokens))  # (MMA, MMA_N, MMA_K, STAGE)
+        w_shape = thr_mma.partition_shape_A((TILE_N, self.tile_k))  # (MMA, MMA_M, MMA_K)
+        tCrW = (cute.make_rmem_tensor(w_shape, cutlass.Float16), cute.make_rmem_tensor(w_shape, cutlass.Float16))
+        w_row = 64 * wg + 16 * (wg_tidx // 32) + (wg_tidx % 32) // 4  # A_FRAGMENT_LAYOUT
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((TILE_N, self.tile_m)))  # (n, m) of each accumulator
+        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        tile = bidz
+        group = cutlass.Int32(0)
+        group_first_tile = cutlass.Int32(0)
+        while tile < total_tiles:
+            group, group_first_tile, m_tile, n_tile = locate_tile(
+                problem_sizes, self.tile_m, self.tile_n, tile, group, group_first_tile)
+            acc.fill(0.0)
+            # K is a multiple of 256, so stages come in pairs: register buffer 0, then 1
+            for k_pair in cutlass.range(0, problem_sizes[group, 2] // (2 * self.tile_k), 1, unroll=1):
+                for buffer in cutlass.range_constexpr(2):
+                    ab_pipeline.consumer_wait(state)
+                    self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 32)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(self.tile_k // 16):
+                        cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)], tCsT[(None, None, kb, state.index)],
+                                  acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)  # the previous stage's wgmma is done: release its stage
+                    if buffer == 1 or k_pair > 0:
+                        ab_pipeline.consumer_release(release_state)
+                        release_state.advance()
+                    state.advance()
+            warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
+            self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile, transposed=True)
+            tile += grid_z
+
+    @cute.jit
+    def epilogue(self, acc, tCcC, problem_sizes, abc_ptrs, group, m_tile, n_tile, transposed: cutlass.Constexpr = False):
+        """acc * 2^14 to fp16 into C; `tCcC` holds each value's (m, n) in the
+        tile, or (n, m) when `transposed` (the weights-in-registers tile C^T)."""
         m = problem_sizes[group, 0]
         n = problem_sizes[group, 1]
         c = cute.make_tensor(
@@ -916,9 +1011,11 @@ class Sm90GroupedGemmKernel:
             cute.make_layout((m, n), stride=(n, 1)))
         for i in cutlass.range_constexpr(cute.size(acc)):
             row, col = tCcC[i]
-            row = row + m_tile * TILE_M
+            if cutlass.const_expr(transposed):
+                row, col = col, row
+            row = row + m_tile * self.tile_m
             if row < m:
-                c[row, col + n_tile * TILE_N] = (acc[i] * ACC_SCALE).to(cutlass.Float16)
+                c[row, col + n_tile * self.tile_n] = (acc[i] * ACC_SCALE).to(cutlass.Float16)
 
 
 # =============================================================================
