@@ -102,7 +102,8 @@ class Sm90TileConfig(TileConfig):
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma, "alu-only"
     # replaces the conversion by as many register-only integer operations, "skip-a"
-    # converts B only (what converting the tokens once per call would leave).
+    # converts B only (what converting the tokens once per call would leave); with the
+    # weights in registers "skip-tokens" loads no tokens, "skip-prepass" runs no pre-pass.
     diagnostic: str = ""
 
     @property
@@ -145,7 +146,9 @@ SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k64-rs"]
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(config, name=f"{config.name}-{what}", diagnostic=what)
                          for config, what in ((SM90_CONFIG, "skip-convert"), (SM90_CONFIG, "skip-mma"),
                                               (SM90_CONFIG, "alu-only"), (SM90_CONFIG, "skip-a"),
-                                              (SM90_CONFIGS["sm90-128x128-k64-ws"], "skip-a")))
+                                              (SM90_CONFIGS["sm90-128x128-k64-ws"], "skip-a"))
+                     + tuple((SM90_CONFIGS["sm90-128x128-k128-wr"], what) for what in (
+                         "skip-convert", "skip-mma", "skip-tokens", "skip-prepass")))
 
 MMA_WARPGROUPS = TILE_M // 64  # warpgroups 0 and 1: wgmma M = 64 each
 CONSUMER_BARRIER_ID = 1  # every consumer warpgroup: fp16 stage written, own wgmma done
@@ -452,7 +455,7 @@ class Sm90GroupedGemmKernel:
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
-        if cutlass.const_expr(self.config.tokens_prepass):
+        if cutlass.const_expr(self.config.tokens_prepass and self.config.diagnostic != "skip-prepass"):
             self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups).launch(
                 grid=(1, 1, num_ctas), block=[PREPASS_THREADS, 1, 1], stream=stream)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
@@ -478,7 +481,9 @@ class Sm90GroupedGemmKernel:
             num_stages=self.num_ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.roles.ab_consumer_arrives),
-            tx_count=self.stage_bytes(),
+            # "skip-tokens" (a timing diagnostic) loads no tokens
+            tx_count=self.stage_bytes() - (self.tile_m * self.tile_k * 2 if self.config.diagnostic == "skip-tokens"
+                                           else 0),
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
         tensormap_manager = utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
@@ -595,8 +600,10 @@ class Sm90GroupedGemmKernel:
             for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 barrier = ab_pipeline.producer_get_barrier(state)
-                cute.copy(tma_atom_a, tAgA[(None, m_tile, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tensormap_gmem[0], cute.AddressSpace.generic))
+                if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
+                    cute.copy(tma_atom_a, tAgA[(None, m_tile, k_tile)], tAsA[(None, state.index)],
+                              tma_bar_ptr=barrier, tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
+                                  tensormap_gmem[0], cute.AddressSpace.generic))
                 cute.copy(tma_atom_b, tBgB[(None, n_tile, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier,
                           tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tensormap_gmem[1], cute.AddressSpace.generic))
                 # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
@@ -982,12 +989,15 @@ class Sm90GroupedGemmKernel:
             for k_pair in cutlass.range(0, problem_sizes[group, 2] // (2 * self.tile_k), 1, unroll=1):
                 for buffer in cutlass.range_constexpr(2):
                     ab_pipeline.consumer_wait(state)
-                    self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 32)
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(self.tile_k // 16):
-                        cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)], tCsT[(None, None, kb, state.index)],
-                                  acc)
-                    warpgroup.commit_group()
+                    # the timing diagnostics (Sm90TileConfig.diagnostic) leave out a part
+                    if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
+                        self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 32)
+                    if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(self.tile_k // 16):
+                            cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)],
+                                      tCsT[(None, None, kb, state.index)], acc)
+                        warpgroup.commit_group()
                     warpgroup.wait_group(1)  # the previous stage's wgmma is done: release its stage
                     if buffer == 1 or k_pair > 0:
                         ab_pipeline.consumer_release(release_state)
