@@ -153,7 +153,9 @@ SM90_DIAGNOSTICS = tuple(dataclasses.replace(config, name=f"{config.name}-{what}
 MMA_WARPGROUPS = TILE_M // 64  # warpgroups 0 and 1: wgmma M = 64 each
 CONSUMER_BARRIER_ID = 1  # every consumer warpgroup: fp16 stage written, own wgmma done
 NUM_F16_BUFFERS = 2
-PREPASS_THREADS = 256  # token pre-pass: two threads per row of a 128-row, 256-K work item
+PREPASS_THREADS = 256  # token pre-pass: threads per block
+PREPASS_BLOCKS_PER_CTA = 4  # token pre-pass: blocks per GEMM CTA (grid-stride over 32-K chunks)
+TOKEN_CHUNK_K = 32  # token pre-pass: K per thread and chunk (4 packed words, 2 scale factors)
 NUM_F16_STAGES_WS = 4  # warp-specialized: the converters run up to 4 stages ahead of the wgmma
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_PER_SM = 233472  # 228 KiB, shared by the CTAs of an SM
@@ -315,6 +317,12 @@ def scratch_address(tensormaps: cute.Tensor, num_ctas):
     return tensormaps.iterator.toint() + cutlass.Int64(num_ctas) * (TENSORMAP_I64_PER_CTA * 8)
 
 
+def token_scale_offset(row, k0, k):
+    """Byte offset, in a group's reordered SFA, of the two scale factors of
+    K k0 .. k0 + 31 (k0 a multiple of 32) of `row`: consecutive bytes."""
+    return (row // 128 * (k // 64) + k0 // 64) * SF_BLOCK_BYTES + sf_offset(row % 128, k0 % 64 // 16)
+
+
 def sf_offset(row, kb):
     """Byte offset of the scale factor of `row` (0..127 within its 128-row
     block) and 16-K block `kb` (0..tile_k/16 - 1 within the stage) in a
@@ -456,11 +464,12 @@ class Sm90GroupedGemmKernel:
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
         if cutlass.const_expr(self.config.tokens_prepass and self.config.diagnostic != "skip-prepass"):
-            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups).launch(
-                grid=(1, 1, num_ctas), block=[PREPASS_THREADS, 1, 1], stream=stream)
+            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, num_ctas).launch(
+                grid=(1, 1, num_ctas * PREPASS_BLOCKS_PER_CTA), block=[PREPASS_THREADS, 1, 1], stream=stream)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, total_tiles).launch(
-            grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream)
+            grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream,
+            use_pdl=self.config.tokens_prepass)
 
     # -------------------------------------------------------------------------
     # Device side: the dispatcher
@@ -576,6 +585,10 @@ class Sm90GroupedGemmKernel:
             cute.group_modes(cute.local_tile(mB, (TILE_N, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
+        if cutlass.const_expr(prepass):
+            # launched while the pre-pass runs (programmatic dependent launch): its fp16 A is
+            # complete and visible only past this wait (nothing else in the kernel reads it)
+            cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         tile = bidz
         group = cutlass.Int32(0)
@@ -788,67 +801,65 @@ class Sm90GroupedGemmKernel:
     # -------------------------------------------------------------------------
     @cute.kernel
     def convert_tokens(self, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor,
-                       tensormaps: cute.Tensor, num_groups: cutlass.Int32):
+                       tensormaps: cute.Tensor, num_groups: cutlass.Int32, num_ctas: cutlass.Int32):
         """A of every group to fp16 in the conversion's K order and scaled as
-        `dequant_word` does, into the scratch (`group_tokens`). Work items of
-        128 rows x 256 K, group by group; CTA b takes items b, b + grid, ...;
-        thread t converts 128 K of row t / 2 (16 packed words, 8 scales)."""
+        `dequant_word` does, into the scratch (`group_tokens`). Chunks of 32 K
+        of one row (16 bytes in, 64 out), numbered group by group, row-major;
+        thread t of the grid takes chunks t, t + threads, ... (consecutive
+        threads, consecutive chunks: coalesced). It lets the GEMM launch
+        (programmatic dependent launch) at once: the GEMM's producer waits
+        for this grid's end before its first copy."""
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
-        scratch = scratch_address(tensormaps, grid_z)
-        items_of = lambda m, k: (m + 127) // 128 * (k // 256)  # work items of a group
+        scratch = scratch_address(tensormaps, num_ctas)
         total = cutlass.Int32(0)
         for g in cutlass.range(0, num_groups, 1, unroll=1):
-            total += items_of(problem_sizes[g, 0], problem_sizes[g, 2])
-        item = bidz
+            total += problem_sizes[g, 0] * (problem_sizes[g, 2] // TOKEN_CHUNK_K)
+        chunk = bidz * PREPASS_THREADS + tidx
         group = cutlass.Int32(0)
         group_first = cutlass.Int32(0)
         offset = cutlass.Int64(0)  # bytes of fp16 A before this group's
-        while item < total:
+        while chunk < total:
             m = problem_sizes[group, 0]
             k = problem_sizes[group, 2]
-            items = items_of(m, k)
-            while item >= group_first + items:
-                group_first += items
+            while chunk >= group_first + m * (k // TOKEN_CHUNK_K):
+                group_first += m * (k // TOKEN_CHUNK_K)
                 offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
                 group += 1
                 m = problem_sizes[group, 0]
                 k = problem_sizes[group, 2]
-                items = items_of(m, k)
-            local = item - group_first
-            row = local // (k // 256) * 128 + tidx // 2
-            k0 = local % (k // 256) * 256 + tidx % 2 * 128  # this thread's first K
-            if row < m:
-                self.convert_token_row(abc_ptrs[group, 0], sf_ptrs[group, 0], scratch + offset, row, k0, k)
-            item += grid_z
+            local = chunk - group_first
+            row = local // (k // TOKEN_CHUNK_K)
+            k0 = local % (k // TOKEN_CHUNK_K) * TOKEN_CHUNK_K
+            self.convert_token_chunk(abc_ptrs[group, 0], sf_ptrs[group, 0], scratch + offset, row, k0, k)
+            chunk += grid_z * PREPASS_THREADS
 
     @cute.jit
-    def convert_token_row(self, a_address, sfa_address, out_address, row, k0, k):
-        """K k0 .. k0 + 127 of A's `row`: 16 packed words in, 64 fp16 pairs out."""
+    def convert_token_chunk(self, a_address, sfa_address, out_address, row, k0, k):
+        """K k0 .. k0 + 31 of A's `row`: 4 packed words and 2 scale factors in,
+        16 fp16 pairs out."""
         src = cute.make_tensor(
             cute.make_ptr(cutlass.Uint32, a_address + cutlass.Int64(row) * (k // 2) + k0 // 2,
-                          cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(16))
-        words = cute.make_rmem_tensor((16,), cutlass.Uint32)
+                          cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
+        words = cute.make_rmem_tensor((4,), cutlass.Uint32)
         cute.autovec_copy(src, words)
-        # the 8 scale factors: two 64-K blocks of the blocked layout, 4 consecutive bytes each
-        scale_at = (sfa_address + (row // 128 * (k // 64) + k0 // 64) * SF_BLOCK_BYTES
-                    + sf_offset(row % 128, 0))
-        scales = cute.make_tensor(cute.make_ptr(cutlass.Uint32, scale_at, cute.AddressSpace.gmem, assumed_align=4),
-                                  cute.make_layout(2, stride=SF_BLOCK_BYTES // 4))
-        out = cute.make_rmem_tensor((64,), cutlass.Uint32)
-        for block in cutlass.range_constexpr(2):
-            scale_word = scales[block]
-            for kb4 in cutlass.range_constexpr(4):
-                scale = scale_f16x2(scale_word, kb4)
-                for half in cutlass.range_constexpr(2):
-                    w = 8 * block + 2 * kb4 + half
-                    pairs = dequant_word(words[w], scale)
-                    for j in cutlass.range_constexpr(4):
-                        out[4 * w + j] = pairs[j]
+        scales = cute.make_tensor(
+            cute.make_ptr(cutlass.Uint16, sfa_address + token_scale_offset(row, k0, k), cute.AddressSpace.gmem,
+                          assumed_align=2), cute.make_layout(1))
+        scale_pair = cutlass.Uint32(scales[0])  # the scale factors of K k0 .. k0 + 15 and k0 + 16 .. k0 + 31
+        out = cute.make_rmem_tensor((16,), cutlass.Uint32)
+        for half in cutlass.range_constexpr(2):
+            scale = scale_f16x2(scale_pair, half)
+            for word in cutlass.range_constexpr(2):
+                w = 2 * half + word
+                pairs = dequant_word(words[w], scale)
+                for j in cutlass.range_constexpr(4):
+                    out[4 * w + j] = pairs[j]
         dst = cute.make_tensor(
             cute.make_ptr(cutlass.Uint32, out_address + (cutlass.Int64(row) * k + k0) * 2, cute.AddressSpace.gmem,
-                          assumed_align=16), cute.make_layout(64))
+                          assumed_align=16), cute.make_layout(16))
         cute.autovec_copy(out, dst)
 
     # -------------------------------------------------------------------------
