@@ -1,24 +1,35 @@
 """NVFP4 block-scaled grouped GEMM for Hopper (sm_90a): the same operation and
 input contract as `submission.py` (TASK.md), for the H100 and H200.
 
-Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
+Hopper has no FP4 tensor-core instruction, so the kernel dequantizes:
 
     C[m, n] = fp16( sum_k a(m,k) sfa(m,k/16) b(n,k) sfb(n,k/16) )
 
-- A producer warp streams the packed FP4 tiles of A and B (TMA, per-CTA
-  descriptors rewritten when the CTA moves to another group, as the B200
-  kernel does) and the matching blocks of the reordered scale factors (bulk
-  copies: in the blocked layout the scale factors of 128 rows x 64 K are 512
-  contiguous bytes) into `num_ab_stages` shared-memory stages of `tile_k` K.
-- Two MMA warpgroups multiply with wgmma (fp16 in, fp32 accumulate) on a
-  128 x 128 (M x N) CTA tile: warpgroup w owns A rows 64w .. 64w + 63. In the
-  default configuration each dequantizes its A rows straight into wgmma's
-  register fragments (RS); `a_in_registers=False` converts them into fp16
-  shared memory instead (SS). B is converted into fp16 shared memory, which
-  both read; `WarpRoles.b_rows` says which warpgroup converts which B rows
-  (an optional third, B-only warpgroup takes half of them). A warpgroup whose
-  A rows are all past M only converts its B rows; a warp whose 16 fragment
-  rows are all past M skips its A fragment.
+The default form (`weights_in_registers`, SM90_CONFIG) runs two kernels:
+
+- Token pre-pass (`convert_tokens`): every group's A (the tokens, M <= a few
+  hundred rows) once per call to fp16, scaled, into scratch after the CTAs'
+  tensormaps (`scratch_address`, sized by `Sm90TileConfig.scratch_bytes` on
+  the host). It lets the GEMM launch at once (programmatic dependent launch);
+  the GEMM's producer waits for its end before the first copy.
+- GEMM, per 128 x 128 tile of C: a producer warp streams the tile's fp16
+  tokens and packed FP4 weights B (TMA through per-CTA descriptors rewritten
+  when the CTA moves to another group, as the B200 kernel does) and SFB (a
+  bulk copy: in the blocked layout the scale factors of 128 rows x 64 K are
+  512 contiguous bytes) into `num_ab_stages` stages of `tile_k` K. Each of
+  two MMA warpgroups dequantizes its 64 rows of B straight into wgmma's A
+  register fragments and multiplies them by the stage's tokens (wgmma
+  m64 n128 k16, fp16 in, fp32 accumulate): the transposed tile C^T, so no
+  thread writes an fp16 operand to shared memory. Two register buffers: a
+  stage converts while the previous stage's wgmma runs.
+
+The other forms in SM90_CONFIGS (kept to time against, `eval.py sweep`)
+dequantize both operands inside the CTA: A into registers (RS) or fp16 shared
+memory (SS) and B into fp16 shared memory, by the MMA warpgroups in lockstep
+(optionally helped by a B-only third warpgroup), or by two converter
+warpgroups feeding two MMA warpgroups (`warp_specialized`, optionally after
+the token pre-pass).
+
 - The conversion: an E2M1 nibble n placed as the fp16 bit pattern
   (n & 8) << 12 | (n & 7) << 9 is value * 2^-14 (zero, subnormal 0.5 and
   normal values alike), and one `mul.rn.f16x2` by fp16(scale) * 2^7 makes
@@ -26,34 +37,24 @@ Hopper has no FP4 tensor-core instruction, so each CTA dequantizes:
   2^-17 .. 21). The product of two such operands is the true product * 2^-14;
   the epilogue multiplies the fp32 accumulator by 2^14 (exact) and rounds to
   fp16. Each packed 32-bit word (8 consecutive K) yields its fp16 pairs in the
-  K order (0,4), (1,5), (2,6), (3,7); A (registers or shared memory) and B use
-  the same order, which leaves every dot product unchanged.
-- Two fp16 buffers (B's shared memory, and A's registers or shared memory):
-  stages come in pairs (K is a multiple of 256), so each buffer index is a
-  compile-time constant. Stage k is converted into one buffer while the wgmma
-  of stage k-1 reads the other; each warpgroup then waits for its own wgmma
-  (wait_group 0) and all consumer warpgroups meet at a named barrier before
-  either multiplies, so no buffer is rewritten while a wgmma may still read it.
-
-- Token pre-pass form (`tokens_prepass`, warp-specialized only): a first
-  kernel converts every group's A once per call into fp16 scratch after the
-  CTAs' tensormaps (`scratch_address`, sized by `Sm90TileConfig.scratch_bytes`
-  on the host); the GEMM then loads fp16 A by TMA into the swizzled stage and
-  its converters do B only (A rows are otherwise converted again for every
-  128-column tile).
+  K order (0,4), (1,5), (2,6), (3,7); both operands (registers, shared memory
+  or the pre-pass's scratch) use the same order, which leaves every dot
+  product unchanged.
 
 Persistent: min(tiles, SMs) CTAs walk the tiles of all groups with the B200
 kernel's scheduler (`submission.locate_tile`), on the same run-time tables and
 host path (`submission.GroupedGemmLauncher`).
 
-Warps and pipelines (`WarpRoles`, checked at import):
-  warps 0-7   MMA warpgroups 0 and 1: convert, wgmma, epilogue (direct stores)
-  warps 8-11  converter warpgroup (configurations with converter_warpgroups=1): B only
-  next warp   producer: TMA A and B, bulk-copy SFA and SFB
+Warps and pipelines of the default form (`WarpRoles`, checked at import):
+  warps 0-7   MMA warpgroups 0 and 1: convert B rows 64w .. 64w + 63, wgmma,
+              epilogue (direct stores of C^T's values)
+  warp 8      producer: TMA tokens and B, bulk-copy SFB
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
-      stage's transaction bytes) -> consumers (one arrive per consumer warp,
-      lane 0)
-  named barrier 1: every consumer thread, once per stage
+      stage's transaction bytes) -> consumers (one arrive per MMA warp, lane 0,
+      once the wgmma reading the stage is done)
+The lockstep forms add named barrier 1 (every consumer thread, once per
+stage); the warp-specialized form an fp16 ring (PipelineAsync: every
+converter thread fills, every MMA thread releases).
 """
 import dataclasses
 import functools
@@ -121,13 +122,15 @@ class Sm90TileConfig(TileConfig):
 
 
 # The configurations `eval.py sweep` times side by side (us for benchmarks 0-3,
-# same run): H200: k64-rs 237/167/53/29, k64-rs-3wg 248/173/55/30, k64
-# 234/167/53/29; H100: k64-ws 232/160/53/30, k64-rs-3wg 249/175/55/31, k64-rs
-# 235/167/52/30, k64 233/166/52/30; k64-ws-pre (token pre-pass) 203/144/53/36
-# against grouped_mm 218/138/50/27 in its run. Dropped after measuring: k128 (the first
-# design), k128-rs (spills under DSL 4.5.2), two CTAs per SM at k64. The
-# diagnostics show conversion and wgmma adding up rather than overlapping in
-# every form (README, "The Hopper kernel").
+# one H200 run, against torch._grouped_mm on pre-dequantized bf16 at
+# 198/130/49/26): k128-wr (SM90_CONFIG) 163/112/40/22, k64-wr 162/112/40/22,
+# k64-ws-pre 191/142/48/29, k64-ws 229/160/53/29, k64-rs-3wg 250/176/56/30,
+# k64-rs 232/164/52/29, k64 230/164/52/29. Dropped after measuring: k128 (the
+# first design), k128-rs (spills under DSL 4.5.2), two CTAs per SM at k64, 256
+# tokens per tile with the weights in registers (spills: 128 accumulator
+# registers), 256 weight rows in four warpgroups (17 warps cap registers at 96).
+# The diagnostics (README, "The Hopper kernel") show conversion and wgmma adding
+# up rather than overlapping in the in-CTA forms.
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64-wr", TILE_M, TILE_N, False, tile_k=64, tokens_prepass=True,
                    weights_in_registers=True),
@@ -141,7 +144,7 @@ SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64-rs", TILE_M, TILE_N, False, tile_k=64, a_in_registers=True),
     Sm90TileConfig("sm90-128x128-k64", TILE_M, TILE_N, False, tile_k=64),
 )}
-SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k64-rs"]
+SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
 # Timing experiments (`eval.py sweep --diagnose`; see Sm90TileConfig.diagnostic).
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(config, name=f"{config.name}-{what}", diagnostic=what)
                          for config, what in ((SM90_CONFIG, "skip-convert"), (SM90_CONFIG, "skip-mma"),
@@ -1064,27 +1067,15 @@ def compile_kernel(kernel: Sm90GroupedGemmKernel):
         make_fake_stream())
 
 
-# `choose_sm90_config`: the token pre-pass pays for its second kernel once a call
-# has this many multiply-adds (H100, one run: benchmarks 0 and 1, 3.0e10 and
-# 1.5e10, gained; 2 and 3, 6.4e9 and 3.2e9, lost).
-PREPASS_MIN_MACS = 10 ** 10
-CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS, or "auto"; unset: SM90_CONFIG
-
-
-def choose_sm90_config(problem_sizes) -> Sm90TileConfig:
-    """Per shape set: the token pre-pass form for large calls, else the default."""
-    macs = sum(m * n * k for m, n, k, _ in problem_sizes)
-    return SM90_CONFIGS["sm90-128x128-k64-ws-pre"] if macs >= PREPASS_MIN_MACS else SM90_CONFIG
+CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS; unset: SM90_CONFIG
 
 
 def launcher_options(setting: Optional[str]) -> dict:
-    """GroupedGemmLauncher's config / choose for a CONFIG_ENV setting."""
+    """GroupedGemmLauncher's configuration for a CONFIG_ENV setting."""
     if setting in (None, ""):
         return {"config": SM90_CONFIG}
-    if setting == "auto":
-        return {"config": None, "choose": choose_sm90_config}
     if setting not in SM90_CONFIGS:
-        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected 'auto' or one of {', '.join(SM90_CONFIGS)}")
+        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(SM90_CONFIGS)}")
     return {"config": SM90_CONFIGS[setting]}
 
 

@@ -71,19 +71,30 @@ def test_ptx_has_the_designed_instructions(report, name):
     # (the warp-specialized form consumes one fp16 stage per loop iteration)
     assert len(wgmma) == (1 if config.warp_specialized else 2) * config.tile_k // 16
     a_in_registers = [re.search(r"\},\s*\{", w) is not None for w in wgmma]
-    assert all(a_in_registers) if config.a_in_registers else not any(a_in_registers), wgmma[0]
+    fragment_a = config.a_in_registers or config.weights_in_registers
+    assert all(a_in_registers) if fragment_a else not any(a_in_registers), wgmma[0]
     # packed A and B by TMA through per-CTA descriptors; scale factors by bulk copy
-    # (with the token pre-pass, fp16 A by TMA and only SFB by bulk copy; its kernel stores fp16 A)
-    assert features["tma_load"] == 2 and features["bulk_copy_load"] == (1 if config.tokens_prepass else 2)
-    assert (len(re.findall(r"st\.global\.v4", ptx)) >= 16) == config.tokens_prepass
+    # (with the token pre-pass, fp16 A by TMA and only SFB by bulk copy; its kernel stores fp16 A,
+    # 64 bytes per chunk, and lets the GEMM launch early, whose producer waits for it)
+    # (fp16 A in 128-byte swizzle boxes: one TMA copy per 64 K)
+    a_copies = config.tile_k // 64 if config.tokens_prepass else 1
+    assert features["tma_load"] == a_copies + 1 and features["bulk_copy_load"] == (1 if config.tokens_prepass else 2)
+    assert (len(re.findall(r"st\.global\.v4", ptx)) >= 4) == config.tokens_prepass
+    assert ptx.count("griddepcontrol.launch_dependents;") == ptx.count("griddepcontrol.wait;") == int(
+        config.tokens_prepass)
     assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.NUM_TENSORMAPS
     # E4M3 scales converted in pairs; fp16 operands written with 16-byte stores, fenced for wgmma
     assert features["e4m3_to_f16x2"] >= 1
-    # B (and A in SS form) in 16-K blocks: one 8-byte load and two 16-byte stores each
+    # B (and A in SS form) in 16-K blocks: one 8-byte load and two 16-byte stores each; with the
+    # weights in registers no thread writes an fp16 operand to shared memory
     a_in_shared_by_threads = not (config.a_in_registers or config.tokens_prepass)
-    assert len(re.findall(r"st\.shared\.v4", ptx)) >= 2 * 2 * (2 if a_in_shared_by_threads else 1)
+    fp16_stores = len(re.findall(r"st\.shared\.v4", ptx))
+    if config.weights_in_registers:
+        assert fp16_stores == 0
+    else:
+        assert fp16_stores >= 2 * 2 * (2 if a_in_shared_by_threads else 1)
+        assert "fence.proxy.async.shared::cta" in ptx
     assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2
-    assert "fence.proxy.async.shared::cta" in ptx
     assert features["threads_per_cta"] == roles.threads == 32 * (4 * roles.consumer_warpgroups + 1)
 
 
@@ -223,7 +234,8 @@ def test_two_ctas_per_sm_double_the_persistent_grid_and_the_workspace_holds_them
 def test_every_timing_diagnostic_compiles_for_sm90a():
     """`eval.py sweep --diagnose` variants (wrong results by design, timing only),
     compiled in a fresh process (the DSL takes its target at first use)."""
-    assert {c.diagnostic for c in hopper.SM90_DIAGNOSTICS} == {"skip-convert", "skip-mma", "alu-only", "skip-a"}
+    assert {c.diagnostic for c in hopper.SM90_DIAGNOSTICS} == {"skip-convert", "skip-mma", "alu-only", "skip-a",
+                                                               "skip-tokens", "skip-prepass"}
     assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
     script = ("import hopper\n"
               "for config in hopper.SM90_DIAGNOSTICS:\n"
@@ -243,7 +255,7 @@ def test_the_token_prepass_asks_for_fp16_a_scratch_and_the_workspace_grows_for_i
     sizes = ((80, 256, 512, 1), (300, 128, 256, 1))
     assert pre.scratch_bytes(sizes) == (80 * 512 + 300 * 256) * 2
     assert submission.shape_plan(sizes, -1, 132, pre).scratch_bytes == pre.scratch_bytes(sizes)
-    assert submission.shape_plan(sizes, -1, 132, hopper.SM90_CONFIG).scratch_bytes == 0
+    assert submission.shape_plan(sizes, -1, 132, hopper.SM90_CONFIGS["sm90-128x128-k64-rs"]).scratch_bytes == 0
     assert all(c.scratch_bytes(sizes) == 0 for c in submission.TILE_CONFIGS.values())  # the B200 kernel
     # StreamResources.workspace_for on the CPU: grows, never shrinks, keeps what plans still name
     resources = object.__new__(submission.StreamResources)
@@ -256,39 +268,33 @@ def test_the_token_prepass_asks_for_fp16_a_scratch_and_the_workspace_grows_for_i
     assert resources.workspace_for(8) is grown
 
 
-def test_the_token_prepass_reads_each_rows_scale_factors_as_two_words():
-    """convert_token_row: the 8 scale factors of K k0 .. k0 + 127 of a row are
-    two 4-byte words of the blocked layout, 512 bytes apart."""
+def test_the_token_prepass_reads_a_chunks_two_scale_factors_as_one_halfword():
+    """convert_token_chunk: the scale factors of K k0 .. k0 + 15 and k0 + 16 ..
+    k0 + 31 of a row are consecutive bytes of the blocked layout, 2-aligned."""
     from reference import generate_input
     m, n, k = 300, 128, 1024
     data = generate_input((m,), (n,), (k,), 1, seed=11, device="cpu")
     sfa_plain = data[1][0][0].view(torch.uint8)[:, :, 0]  # [M, K/16]
     blocked = data[2][0][0].permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).flatten()
     for row in (0, 5, 31, 32, 127, 128, 200, 299):
-        for k0 in range(0, k, 128):
-            scale_at = (row // 128 * (k // 64) + k0 // 64) * hopper.SF_BLOCK_BYTES + hopper.sf_offset(row % 128, 0)
-            assert scale_at % 4 == 0
-            got = [int(blocked[scale_at + block * hopper.SF_BLOCK_BYTES + i]) for block in (0, 1) for i in range(4)]
-            assert got == sfa_plain[row, k0 // 16: k0 // 16 + 8].tolist(), (row, k0)
+        for k0 in range(0, k, hopper.TOKEN_CHUNK_K):
+            at = hopper.token_scale_offset(row, k0, k)
+            assert at % 2 == 0
+            assert blocked[at: at + 2].tolist() == sfa_plain[row, k0 // 16: k0 // 16 + 2].tolist(), (row, k0)
 
 
-def test_the_configuration_setting_and_the_per_shape_choice():
+def test_the_configuration_setting():
     import submission
     assert hopper.launcher_options(None) == {"config": hopper.SM90_CONFIG}
     assert hopper.launcher_options("sm90-128x128-k64") == {"config": hopper.SM90_CONFIGS["sm90-128x128-k64"]}
-    with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG='k99': expected 'auto' or one of sm90-"):
+    with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG='k99': expected one of sm90-"):
         hopper.launcher_options("k99")
-    auto = hopper.launcher_options("auto")
-    assert auto["config"] is None and auto["choose"] is hopper.choose_sm90_config
-    # the pre-pass form for the two large benchmarks, the default for the others and the tests
-    chosen = [hopper.choose_sm90_config([[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])])
-              for c in BENCHMARK_CASES + TEST_CASES]
-    prepass = hopper.SM90_CONFIGS["sm90-128x128-k64-ws-pre"]
-    assert chosen[:4] == [prepass, prepass, hopper.SM90_CONFIG, hopper.SM90_CONFIG]
-    assert all(c is hopper.SM90_CONFIG for c in chosen[4:])
-    # the launcher passes the choice to shape_plan, after the sizes are checked
+    # the default: the weights in registers, after the token pre-pass (its scratch asked for)
+    assert hopper.SM90_CONFIG.weights_in_registers and hopper.SM90_CONFIG.tokens_prepass
     sizes = ((1024, 4096, 7168, 1), (256, 4096, 7168, 1))
-    shape = submission.shape_plan(sizes, -1, 132, None, hopper.choose_sm90_config)
-    assert shape.config is prepass and shape.scratch_bytes == (1024 + 256) * 7168 * 2
+    assert submission.shape_plan(sizes, -1, 132, hopper.SM90_CONFIG).scratch_bytes == (1024 + 256) * 7168 * 2
+    # a per-shape choice (the launcher's `choose`) reaches shape_plan after the sizes are checked
+    lockstep = hopper.SM90_CONFIGS["sm90-128x128-k64-rs"]
+    assert submission.shape_plan(sizes, -1, 132, None, lambda s: lockstep).scratch_bytes == 0
     with pytest.raises(ValueError, match="group 1"):
-        submission.shape_plan(((128, 256, 512, 1), (128, 256, 100, 1)), -1, 132, None, hopper.choose_sm90_config)
+        submission.shape_plan(((128, 256, 512, 1), (128, 256, 100, 1)), -1, 132, None, lambda s: lockstep)
