@@ -85,7 +85,8 @@ SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 @dataclasses.dataclass(frozen=True)
 class Sm90TileConfig(TileConfig):
     """The launcher's TileConfig plus the Hopper kernel's form: K per stage,
-    where A is converted to, which warps convert, and the token pre-pass."""
+    where A is converted to, which warps convert, the token pre-pass, and
+    whether the weights (B) go into registers instead (the default form)."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per operand and stage
     a_in_registers: bool = False  # A dequantized into wgmma's register fragments (RS) instead of shared memory
     converter_warpgroups: int = 0  # extra warpgroups that only dequantize B (0 or 1)
