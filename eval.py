@@ -421,6 +421,8 @@ PTXAS_TOO_OLD = re.compile(r"Unsupported \.version (\S+); current version is '([
 PTXAS_USED = re.compile(r"Used (\d+) registers")
 PTXAS_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+# ptxas's "Potential Performance Loss: wgmma.mma_async instructions are serialized" (C7512)
+PTXAS_WGMMA_SERIALIZED = re.compile(r"C7512|wgmma\.mma_async instructions are serialized")
 
 
 def ptxas_report(ptx: str, arch: str, ptxas: str) -> dict:
@@ -446,7 +448,8 @@ def ptxas_report(ptx: str, arch: str, ptxas: str) -> dict:
     # several kernels (hopper.py's token pre-pass and GEMM): the most registers, all spills
     return {"registers": max(used), "static_smem_bytes": int(smem[1]) if smem else 0,
             "stack_bytes": max(s[0] for s in spills), "spill_store_bytes": sum(s[1] for s in spills),
-            "spill_load_bytes": sum(s[2] for s in spills), "kernels": len(used)}
+            "spill_load_bytes": sum(s[2] for s in spills), "kernels": len(used),
+            "wgmma_serialized": PTXAS_WGMMA_SERIALIZED.search(text) is not None}
 
 
 def ptx_text(compiled) -> str:
@@ -542,6 +545,9 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         row["ok"] = row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
         if not row["ok"]:
             row["error"] = "register spills"
+        elif row["wgmma_serialized"]:  # ptxas waits for every wgmma: no overlap with the conversion
+            row["ok"] = False
+            row["error"] = "ptxas serializes the wgmma instructions (C7512: not enough registers)"
         if hopper:
             # ctas_per_sm CTAs must fit an SM's registers, or the grid is oversized
             config = kernel.config

@@ -129,13 +129,17 @@ class Sm90TileConfig(TileConfig):
 # k64-rs 232/164/52/29, k64 230/164/52/29. Dropped after measuring: k128 (the
 # first design), k128-rs (spills under DSL 4.5.2), two CTAs per SM at k64, 256
 # tokens per tile with the weights in registers (spills: 128 accumulator
-# registers), 256 weight rows in four warpgroups (17 warps cap registers at 96).
+# registers), 256 weight rows in four warpgroups (17 warps cap registers at 96),
+# 192 tokens per tile at 128 K (ptxas serializes the wgmma). k64 at 192 tokens per
+# tile (fewer conversions per weight, more padding) compiles clean, not yet timed.
 # The diagnostics (README, "The Hopper kernel") show conversion and wgmma adding
 # up rather than overlapping in the in-CTA forms.
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k64-wr", TILE_M, TILE_N, False, tile_k=64, tokens_prepass=True,
                    weights_in_registers=True),
     Sm90TileConfig("sm90-128x128-k128-wr", TILE_M, TILE_N, False, tile_k=128, tokens_prepass=True,
+                   weights_in_registers=True),
+    Sm90TileConfig("sm90-192x128-k64-wr", 192, TILE_N, False, tile_k=64, tokens_prepass=True,
                    weights_in_registers=True),
     Sm90TileConfig("sm90-128x128-k64-ws-pre", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True,
                    tokens_prepass=True),
@@ -165,6 +169,7 @@ SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_PER_SM = 233472  # 228 KiB, shared by the CTAs of an SM
 SMEM_RESERVED = 1024  # per CTA
 REGISTERS_PER_SM = 65536
+SCHEDULERS_PER_SM = 4  # warp schedulers, each with a quarter of the register file
 NUM_TENSORMAPS = 2  # A, B (of the five slots the host's workspace has per CTA)
 ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
 
@@ -248,9 +253,14 @@ def smem_budget(config: Sm90TileConfig) -> int:
 
 
 def register_budget(config: Sm90TileConfig) -> int:
-    """Registers per thread that let `ctas_per_sm` CTAs fit an SM (allocated
-    per warp in units of 8 per thread)."""
-    return REGISTERS_PER_SM // (warp_roles(config).threads * config.ctas_per_sm) // 8 * 8
+    """Registers per thread that let `ctas_per_sm` CTAs fit an SM: each of the
+    SM's four schedulers has a quarter of the register file for the warps it
+    holds (warp w of a CTA goes to scheduler w % 4), allocated in units of 8
+    per thread. Nine warps (two warpgroups and a producer) put three on one
+    scheduler: 168 registers, which is what ptxas caps them at."""
+    warps = (warp_roles(config).threads // 32) * config.ctas_per_sm
+    warps_per_scheduler = -(-warps // SCHEDULERS_PER_SM)
+    return REGISTERS_PER_SM // SCHEDULERS_PER_SM // (32 * warps_per_scheduler) // 8 * 8
 
 
 check_warp_roles()

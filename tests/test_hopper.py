@@ -43,6 +43,7 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
         config = hopper.SM90_CONFIGS[kernel["config"]]
         assert kernel["ok"], kernel
         assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
+        assert kernel["wgmma_serialized"] is False  # ptxas overlaps the wgmma with what follows
         # ctas_per_sm CTAs fit an SM: registers and shared memory
         assert 0 < kernel["registers"] <= hopper.register_budget(config) == kernel["register_budget"]
         assert 0 < kernel["dynamic_smem_bytes"] <= hopper.smem_budget(config) <= hopper.SMEM_CAPACITY
@@ -67,7 +68,9 @@ def test_ptx_has_the_designed_instructions(report, name):
     features = kernel["ptx_features"]
     # fp16 wgmma, fp32 accumulators: one per 16-wide K block of a stage, for each of the
     # two fp16 buffers (stages come in pairs); A from registers (RS) or shared memory (SS)
-    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16[^;]*", ptx)
+    # (with the weights in registers, wgmma's N is the tile's tokens)
+    wgmma_n = config.mma_m if config.weights_in_registers else config.mma_n
+    wgmma = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{wgmma_n}k16\.f32\.f16\.f16[^;]*", ptx)
     # (the warp-specialized form consumes one fp16 stage per loop iteration)
     assert len(wgmma) == (1 if config.warp_specialized else 2) * config.tile_k // 16
     a_in_registers = [re.search(r"\},\s*\{", w) is not None for w in wgmma]
@@ -298,3 +301,23 @@ def test_the_configuration_setting():
     assert submission.shape_plan(sizes, -1, 132, None, lambda s: lockstep).scratch_bytes == 0
     with pytest.raises(ValueError, match="group 1"):
         submission.shape_plan(((128, 256, 512, 1), (128, 256, 100, 1)), -1, 132, None, lambda s: lockstep)
+
+
+def test_the_register_budget_counts_warps_per_scheduler():
+    """ptxas caps a CTA's registers by the warps one of the SM's four
+    schedulers holds: 9 warps -> 3 on one -> 168; 13 -> 4 -> 128; 17 -> 5 -> 96
+    (what it did for each of those warp counts); two CTAs of 9 -> 5 -> 96."""
+    def config(name, **form):
+        return hopper.Sm90TileConfig(name, 128, 128, False, tile_k=64, **form)
+    assert hopper.register_budget(config("a", a_in_registers=True)) == 168
+    assert hopper.register_budget(config("b", a_in_registers=True, converter_warpgroups=1)) == 128
+    assert hopper.register_budget(config("c", warp_specialized=True)) == 96
+    assert hopper.register_budget(config("d", a_in_registers=True, ctas_per_sm=2)) == 96
+
+
+def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
+    import eval as ev
+    line = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+            "due to insufficient register resources for the function 'kernel'")
+    assert ev.PTXAS_WGMMA_SERIALIZED.search(line)
+    assert not ev.PTXAS_WGMMA_SERIALIZED.search("ptxas info    : Used 159 registers, used 1 barriers")
