@@ -13,6 +13,7 @@ People:
     python eval.py compile            # compile the B200 kernel for sm_100a; plan every task shape
     python eval.py model              # the cost model's choice and modeled B200 time (model figures)
     python eval.py overhead           # host microseconds per custom_kernel call
+    python eval.py sweep [--only PART] [--diagnose]   # Hopper GPU: hopper.py's configurations vs grouped_mm
 
 `compile` needs no GPU: CuTe DSL compiles for the architecture CUTE_DSL_ARCH
 names; the PTX goes through CUDA's `ptxas -v` for registers and spills.
@@ -1016,6 +1017,14 @@ def print_peers(cases: list, rows: list) -> None:
               f"{tflops:>12.1f} {100 * tflops / peak:>6.1f}% {gmm / ours:>6.2f}x  {short_spec(sizes)}  [{path}]")
 
 
+def sweep_configs(only=None, diagnose: bool = False) -> list:
+    """hopper.py's configurations (and with `diagnose` its timing diagnostics)
+    whose names contain any of the substrings in `only` (all when None)."""
+    import hopper
+    configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if diagnose else [])
+    return [c for c in configs if not only or any(part in c.name for part in only)]
+
+
 def command_sweep(options) -> int:
     """Hopper GPU only: every configuration of hopper.py (hopper.SM90_CONFIGS),
     each checked against the reference and timed like the peers, side by side
@@ -1029,7 +1038,10 @@ def command_sweep(options) -> int:
     import hopper
     from reference import generate_input
     cases = selected_cases(BENCHMARKS_FILE, options)
-    configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if options.diagnose else [])
+    configs = sweep_configs(options.only, options.diagnose)
+    if not configs:
+        print(f"sweep: no configuration of hopper.py matches {options.only}")
+        return 2
     launchers = {c.name: submission.GroupedGemmLauncher(
         compile_fn=lambda config: hopper.compile_sm90(config, hopper.target_arch()), config=c) for c in configs}
     worst = 0
@@ -1091,8 +1103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="Hopper GPU: every hopper.py configuration against "
                        "torch._grouped_mm on pre-dequantized bf16, per benchmark")
     p.add_argument("--case", type=int, help="only this benchmark (0-based)")
-    p.add_argument("--diagnose", action="store_true", help="also time the default configuration without "
-                   "its conversion and without its wgmma (hopper.SM90_DIAGNOSTICS; wrong results, timing only)")
+    p.add_argument("--diagnose", action="store_true", help="also time variants that leave a part out "
+                   "(hopper.SM90_DIAGNOSTICS: conversion, wgmma, ...; wrong results, timing only)")
+    p.add_argument("--only", action="append", metavar="PART",
+                   help="only configurations whose names contain PART (repeatable), e.g. --only wr")
     p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
     p.add_argument("config")
     p.add_argument("--arch", default="sm_100a")

@@ -321,3 +321,13 @@ def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
             "due to insufficient register resources for the function 'kernel'")
     assert ev.PTXAS_WGMMA_SERIALIZED.search(line)
     assert not ev.PTXAS_WGMMA_SERIALIZED.search("ptxas info    : Used 159 registers, used 1 barriers")
+
+
+def test_sweep_picks_configurations_by_name():
+    import eval as ev
+    assert ev.sweep_configs() == list(hopper.SM90_CONFIGS.values())
+    wr = ev.sweep_configs(["-wr"])
+    assert wr and all(c.weights_in_registers for c in wr)
+    with_diagnostics = ev.sweep_configs(["k128-wr"], diagnose=True)
+    assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
+    assert ev.sweep_configs(["no-such-form"]) == []
