@@ -101,6 +101,10 @@ class Sm90TileConfig(TileConfig):
     # TMA stage's fp16 tokens (wgmma N = mma_m tokens): a transposed tile C^T, and no
     # fp16 operand written to shared memory by threads.
     weights_in_registers: bool = False
+    # Weights in registers: the packed B stage arrives in TMA's 32- or 64-byte swizzle (its
+    # row width at 64 or 128 K), so that the 8 rows one fragment load of a warp reads fall
+    # in different banks (unswizzled, rows 32 or 64 bytes apart share banks 2- or 4-way).
+    swizzle_packed_b: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the fp16 operands unconverted, "skip-mma" issues no wgmma, "alu-only"
     # replaces the conversion by as many register-only integer operations, "skip-a"
@@ -130,8 +134,10 @@ class Sm90TileConfig(TileConfig):
 # first design), k128-rs (spills under DSL 4.5.2), two CTAs per SM at k64, 256
 # tokens per tile with the weights in registers (spills: 128 accumulator
 # registers), 256 weight rows in four warpgroups (17 warps cap registers at 96),
-# 192 tokens per tile at 128 K (ptxas serializes the wgmma). k64 at 192 tokens per
-# tile (fewer conversions per weight, more padding) compiles clean, not yet timed.
+# 192 tokens per tile at 128 K (ptxas serializes the wgmma). Compiled clean, not yet
+# timed on a GPU: k64 at 192 tokens per tile (fewer conversions per weight, more
+# padding), and k128-wr-sw (the packed weights in TMA's swizzle: no bank conflicts in
+# the fragment loads).
 # The diagnostics (README, "The Hopper kernel") show conversion and wgmma adding
 # up rather than overlapping in the in-CTA forms.
 SM90_CONFIGS = {c.name: c for c in (
@@ -141,6 +147,8 @@ SM90_CONFIGS = {c.name: c for c in (
                    weights_in_registers=True),
     Sm90TileConfig("sm90-192x128-k64-wr", 192, TILE_N, False, tile_k=64, tokens_prepass=True,
                    weights_in_registers=True),
+    Sm90TileConfig("sm90-128x128-k128-wr-sw", TILE_M, TILE_N, False, tile_k=128, tokens_prepass=True,
+                   weights_in_registers=True, swizzle_packed_b=True),
     Sm90TileConfig("sm90-128x128-k64-ws-pre", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True,
                    tokens_prepass=True),
     Sm90TileConfig("sm90-128x128-k64-ws", TILE_M, TILE_N, False, tile_k=64, warp_specialized=True),
@@ -216,6 +224,8 @@ def check_warp_roles() -> None:
     for config in SM90_CONFIGS.values():
         roles = warp_roles(config)
         assert config.converter_warpgroups in (0, 1), config
+        # only the weights' fragment loads read a swizzled packed stage
+        assert config.weights_in_registers or not config.swizzle_packed_b, config
         assert roles.producer_warp == roles.consumer_warps == 4 * roles.consumer_warpgroups
         assert roles.threads == 32 * (roles.consumer_warps + 1)
         if config.weights_in_registers:
@@ -337,6 +347,18 @@ def token_scale_offset(row, k0, k):
     return (row // 128 * (k // 64) + k0 // 64) * SF_BLOCK_BYTES + sf_offset(row % 128, k0 % 64 // 16)
 
 
+def packed_column(row, kb, row_bytes: int, swizzle_bits: int):
+    """Where 8-byte block `kb` of `row` sits in a packed stage of `row_bytes`
+    per row (the stage on a 1024-byte boundary): at `kb`, or in TMA's swizzle
+    (CuTe Swizzle<swizzle_bits, 4, 3> on byte offsets: the 16-byte chunk index
+    XORed with bits 7 .. 7 + swizzle_bits - 1 of the offset, which for rows of
+    32 or 64 bytes come from the row alone). Python ints or DSL integers."""
+    if swizzle_bits == 0:
+        return kb
+    row_shift = 7 - (row_bytes.bit_length() - 1)  # row * row_bytes >> 7 == row >> row_shift
+    return kb ^ (((row >> row_shift) & ((1 << swizzle_bits) - 1)) << 1)
+
+
 def sf_offset(row, kb):
     """Byte offset of the scale factor of `row` (0..127 within its 128-row
     block) and 16-K block `kb` (0..tile_k/16 - 1 within the stage) in a
@@ -350,7 +372,8 @@ def sf_offset(row, kb):
 # =============================================================================
 class SmemLayouts(NamedTuple):
     a_packed: cute.Layout  # (TILE_M, K/2 bytes, STAGE)
-    b_packed: cute.Layout  # (TILE_N, K/2 bytes, STAGE)
+    b_packed: cute.Layout  # (TILE_N, K/2 bytes, STAGE), as threads index it
+    b_packed_tma: object  # the same, swizzled where TMA swizzles it (swizzle_packed_b)
     sf: cute.Layout  # (sf_stage_bytes, STAGE), SFA and SFB each
     a16: cute.ComposedLayout  # (TILE_M, tile_k, STAGE) fp16, wgmma's K-major swizzle
     b16: cute.ComposedLayout  # (TILE_N, tile_k, STAGE)
@@ -365,6 +388,8 @@ class Sm90GroupedGemmKernel:
         self.tile_mnk = config.tile_mnk
         self.tile_m, self.tile_n = config.mma_m, config.mma_n  # the scheduler's tile of C (M x N)
         self.packed_k_bytes = self.tile_k // 2  # per row and stage
+        # swizzle_packed_b: TMA's swizzle of 16-byte chunks within 2^bits-chunk rows (32 or 64 bytes)
+        self.b_swizzle_bits = (self.packed_k_bytes // 16).bit_length() - 1 if config.swizzle_packed_b else 0
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per operand and stage
         self.smem_budget = smem_budget(config)
         self.roles = warp_roles(config)
@@ -401,9 +426,12 @@ class Sm90GroupedGemmKernel:
     def make_layouts(self) -> SmemLayouts:
         """Shared-memory layouts (static; made where they are used, host or device)."""
         stages, width = self.num_ab_stages, self.packed_k_bytes
+        b_packed = cute.make_layout((TILE_N, width, stages), stride=(width, 1, TILE_N * width))
         return SmemLayouts(
             a_packed=cute.make_layout((TILE_M, width, stages), stride=(width, 1, TILE_M * width)),
-            b_packed=cute.make_layout((TILE_N, width, stages), stride=(width, 1, TILE_N * width)),
+            b_packed=b_packed,
+            b_packed_tma=(cute.make_composed_layout(cute.make_swizzle(self.b_swizzle_bits, 4, 3), 0, b_packed)
+                          if self.b_swizzle_bits else b_packed),
             sf=cute.make_layout((self.sf_stage_bytes, stages)),
             # fp16 A: the converters' ring, or with the token pre-pass the TMA stages (tile_m rows)
             a16=sm90_utils.make_smem_layout_a(
@@ -451,7 +479,7 @@ class Sm90GroupedGemmKernel:
             tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
                 g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.a_packed), (TILE_M, self.packed_k_bytes))
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
-            g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed), (TILE_N, self.packed_k_bytes))
+            g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed_tma), (TILE_N, self.packed_k_bytes))
 
         @cute.struct
         class SharedStorage:
@@ -466,7 +494,7 @@ class Sm90GroupedGemmKernel:
                 cutlass.Float16, 8 if self.config.weights_in_registers else cute.cosize(layouts.b16)], 1024]
             a_packed: cute.struct.Align[cute.struct.MemRange[
                 cutlass.Uint8, 128 if self.config.tokens_prepass else cute.cosize(layouts.a_packed)], 128]
-            b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 128]
+            b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 1024]
             sfa: cute.struct.Align[cute.struct.MemRange[
                 cutlass.Uint8, 128 if self.config.tokens_prepass else cute.cosize(layouts.sf)], 128]
             sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
@@ -587,7 +615,10 @@ class Sm90GroupedGemmKernel:
         else:
             sA = storage.a_packed.get_tensor(layouts.a_packed)
             a_tile = (TILE_M, self.packed_k_bytes)
-        sB = storage.b_packed.get_tensor(layouts.b_packed)
+        if cutlass.const_expr(self.b_swizzle_bits):
+            sB = storage.b_packed.get_tensor(layouts.b_packed_tma.outer, swizzle=layouts.b_packed_tma.inner)
+        else:
+            sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFA = storage.sfa.get_tensor(layouts.sf)
         sSFB = storage.sfb.get_tensor(layouts.sf)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES)
@@ -676,12 +707,15 @@ class Sm90GroupedGemmKernel:
             cute.autovec_copy(frag, dst)
 
     @cute.jit
-    def dequantize_a_fragment(self, s_packed, s_sf, frag, stage, row, lane):
+    def dequantize_a_fragment(self, s_packed, s_sf, frag, stage, row, lane, swizzle_bits: cutlass.Constexpr = 0):
         """This thread's wgmma A fragment (A_FRAGMENT_LAYOUT) of stage `stage`:
         rows `row` and row + 8, K pairs (2 q, 2 q + 1) + 8 j + 16 kb for q = lane % 4.
         In the K order of `dequant_word` (logical pair p of an 8-group holds
         physical K p and p + 4, as B's shared-memory stage does), that is pair q
-        of each packed word: the word shifted left by 4 (3 - q), then `dequant_pair`."""
+        of each packed word: the word shifted left by 4 (3 - q), then `dequant_pair`.
+        With `swizzle_bits` the stage is in TMA's swizzle: the 16-byte chunk
+        index of a row is XORed with bits 7 .. 7 + swizzle_bits - 1 of the row's
+        byte offset (the stage starts on a 1024-byte boundary)."""
         blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, tile_k / 16)
         # the scale factors of a row's four 16-K blocks of one 64-K block are 4 consecutive bytes
         scale_words = cute.recast_tensor(s_sf[(None, stage)], cutlass.Uint32)  # (sf_stage_bytes / 4,)
@@ -694,7 +728,8 @@ class Sm90GroupedGemmKernel:
                 for kb4 in cutlass.range_constexpr(4):
                     kb = 4 * block64 + kb4
                     scale = scale_f16x2(scales, kb4)
-                    packed = blocks[r, kb]  # one 8-byte load: K 16 kb .. 16 kb + 15
+                    column = packed_column(r, kb, self.packed_k_bytes, swizzle_bits)
+                    packed = blocks[r, column]  # one 8-byte load: K 16 kb .. 16 kb + 15
                     for j in cutlass.range_constexpr(2):
                         frag32[dr + 2 * j + 4 * kb] = dequant_pair(cutlass.Uint32(packed >> (32 * j)) * to_pair,
                                                                    scale)
@@ -1016,7 +1051,8 @@ class Sm90GroupedGemmKernel:
                     ab_pipeline.consumer_wait(state)
                     # the timing diagnostics (Sm90TileConfig.diagnostic) leave out a part
                     if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
-                        self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 32)
+                        self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 32,
+                                                   self.b_swizzle_bits)
                     if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
                         warpgroup.fence()
                         for kb in cutlass.range_constexpr(self.tile_k // 16):

@@ -331,3 +331,27 @@ def test_sweep_picks_configurations_by_name():
     with_diagnostics = ev.sweep_configs(["k128-wr"], diagnose=True)
     assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
     assert ev.sweep_configs(["no-such-form"]) == []
+
+
+@pytest.mark.parametrize("row_bytes", [32, 64])
+def test_the_swizzled_packed_stage_puts_a_warps_eight_rows_in_different_banks(row_bytes):
+    """packed_column against CuTe's Swizzle<B, 4, 3> on byte offsets, and the
+    reason for it: a fragment load reads 8 bytes of 8 consecutive rows."""
+    bits = (row_bytes // 16).bit_length() - 1
+
+    def cute_swizzle(offset):  # Swizzle<bits, 4, 3>: bits 7.. XORed into bits 4..
+        return offset ^ ((offset & (((1 << bits) - 1) << 7)) >> 3)
+
+    blocks = row_bytes // 8
+    for row in range(128):
+        for kb in range(blocks):
+            assert row * row_bytes + 8 * hopper.packed_column(row, kb, row_bytes, bits) == cute_swizzle(
+                row * row_bytes + 8 * kb)
+
+    def banks(swizzle_bits, first_row, kb):
+        return {(r * row_bytes + 8 * hopper.packed_column(r, kb, row_bytes, swizzle_bits)) // 4 % 32
+                for r in range(first_row, first_row + 8)}
+    for first_row in range(0, 128, 8):
+        for kb in range(blocks):
+            assert len(banks(bits, first_row, kb)) == 8  # one 4-byte bank per row (its word's first half)
+            assert len(banks(0, first_row, kb)) == 128 // row_bytes  # unswizzled: shared 2- or 4-way
