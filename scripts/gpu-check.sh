@@ -8,12 +8,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-for archive in .cutedsl/cutedsl-*.tar.xz; do
-  [ -f "$archive" ] || continue
-  mkdir -p /tmp/cutedsl && tar -C /tmp/cutedsl -xJf "$archive"
-  export PYTHONPATH=/tmp/cutedsl/nvidia_cutlass_dsl/python_packages:/tmp/cutedsl/nvidia_cutlass_dsl/dsl_packages:/tmp/cutedsl:${PYTHONPATH:-}
-done
-[ -d .lbref ] && export LEADERBOARD_REFERENCE_DIR=$PWD/.lbref
+. scripts/cutedsl-env.sh
 status=0
 step() { echo; echo "=== $*"; "$@" || { echo "=== FAILED ($?): $*"; status=1; }; }
 step nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv
