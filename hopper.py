@@ -116,11 +116,6 @@ class Sm90TileConfig(TileConfig):
     def tile_mnk(self):
         return (self.mma_m, self.mma_n, self.tile_k)
 
-    @property
-    def lockstep(self) -> bool:
-        """Consumer warpgroups that convert and multiply, meeting at a named barrier."""
-        return not (self.warp_specialized or self.weights_in_registers)
-
     def scratch_bytes(self, problem_sizes) -> int:
         """The token pre-pass's fp16 A of every group, back to back."""
         return sum(m * k * 2 for m, _, k, _ in problem_sizes) if self.tokens_prepass else 0
@@ -229,7 +224,7 @@ def check_warp_roles() -> None:
         assert roles.producer_warp == roles.consumer_warps == 4 * roles.consumer_warpgroups
         assert roles.threads == 32 * (roles.consumer_warps + 1)
         if config.weights_in_registers:
-            assert config.tokens_prepass and not config.lockstep, config
+            assert config.tokens_prepass, config
             assert not (config.warp_specialized or config.a_in_registers or config.converter_warpgroups), config
             assert roles.consumer_warpgroups == MMA_WARPGROUPS == TILE_N // 64, config
             assert roles.ab_consumer_arrives == roles.consumer_warps, config  # every warp releases its stage
@@ -863,9 +858,10 @@ class Sm90GroupedGemmKernel:
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
         scratch = scratch_address(tensormaps, num_ctas)
+        chunks_of = lambda m, k: m * (k // TOKEN_CHUNK_K)  # chunks of a group
         total = cutlass.Int32(0)
         for g in cutlass.range(0, num_groups, 1, unroll=1):
-            total += problem_sizes[g, 0] * (problem_sizes[g, 2] // TOKEN_CHUNK_K)
+            total += chunks_of(problem_sizes[g, 0], problem_sizes[g, 2])
         chunk = bidz * PREPASS_THREADS + tidx
         group = cutlass.Int32(0)
         group_first = cutlass.Int32(0)
@@ -873,8 +869,8 @@ class Sm90GroupedGemmKernel:
         while chunk < total:
             m = problem_sizes[group, 0]
             k = problem_sizes[group, 2]
-            while chunk >= group_first + m * (k // TOKEN_CHUNK_K):
-                group_first += m * (k // TOKEN_CHUNK_K)
+            while chunk >= group_first + chunks_of(m, k):
+                group_first += chunks_of(m, k)
                 offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
                 group += 1
                 m = problem_sizes[group, 0]

@@ -105,10 +105,9 @@ class SeedPath:
                                  dtype=torch.int64, device=device)
         sf_table = torch.tensor([[x.data_ptr(), y.data_ptr()] for x, y in sf_tensors],
                                 dtype=torch.int64, device=device)
-        # the CTAs' tensormaps, then any scratch the configuration asks for (the Hopper token pre-pass)
-        workspace = torch.empty(ctas * submission.TENSORMAP_I64_PER_CTA
-                                + submission.ceil_div(config.scratch_bytes(problem_sizes), 8), dtype=torch.int64,
-                                device=device)
+        workspace = torch.empty(
+            submission.workspace_words(ctas * submission.TENSORMAP_I64_PER_CTA, config.scratch_bytes(problem_sizes)),
+            dtype=torch.int64, device=device)
         keep = (size_table, abc_table, sf_table, workspace)
 
         def ptr(dtype, t, align=16):

@@ -1207,7 +1207,7 @@ class StreamResources:
     def workspace_for(self, scratch_bytes: int) -> torch.Tensor:
         """The workspace, grown (never shrunk) to hold `scratch_bytes` after
         the tensormaps of any launch's CTAs."""
-        words = self.tensormap_words + ceil_div(scratch_bytes, 8)
+        words = workspace_words(self.tensormap_words, scratch_bytes)
         if self.workspace.numel() < words:
             self.outgrown.append(self.workspace)
             self.workspace = torch.empty(words, dtype=torch.int64, device=self.device_index)
@@ -1222,6 +1222,12 @@ class StreamResources:
 
     def give_back(self, slot: torch.Tensor) -> None:
         self.free_slots.append(slot)
+
+
+def workspace_words(tensormap_words: int, scratch_bytes: int) -> int:
+    """Int64 words of a workspace: the CTAs' tensormaps, then the scratch
+    a configuration asks for (`TileConfig.scratch_bytes`)."""
+    return tensormap_words + ceil_div(scratch_bytes, 8)
 
 
 # Bytes of each of the host function's arguments, in order: the problem-size,
