@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from harness import NUM_INPUTS_PER_BENCHMARK, SEED_STEP, benchmark_inputs, clone_data, flush_l2
+
 # As on the leaderboard: nothing compiled is reused from disk.
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
 
@@ -41,10 +43,7 @@ ROOT = Path(__file__).resolve().parent
 TESTS_FILE = ROOT / "cases" / "tests.txt"
 BENCHMARKS_FILE = ROOT / "cases" / "benchmarks.txt"
 
-NUM_INPUTS_PER_BENCHMARK = 15  # distinct inputs timed back to back per sample
-SEED_STEP = 42  # added to a benchmark's seed before each of its inputs
 H100_SM_COUNT = 132  # the smaller of the H100 and H200 (both 132 SMs), for Hopper plans
-L2_FLUSH_BYTES = 1 << 30  # written before every sample; several times any L2
 
 EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED, EXIT_NO_FD, EXIT_BAD_FILE = 0, 2, 112, 111, 113
 
@@ -161,16 +160,6 @@ def b200_speed_of_light_ns(sizes) -> float:
 # =============================================================================
 # Work done in the worker process (or in-process for the people's CLI)
 # =============================================================================
-def clone_data(data):
-    if isinstance(data, tuple):
-        return tuple(clone_data(x) for x in data)
-    if isinstance(data, list):
-        return [clone_data(x) for x in data]
-    if hasattr(data, "clone"):
-        return data.clone()
-    return data
-
-
 def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -190,28 +179,6 @@ def run_single_test(args: dict):
         return check_implementation(data, output)
     except Exception as error:  # reported as this case's failure, the run goes on
         return False, describe_error(error)
-
-
-_l2_flush_buffer = None
-
-
-def flush_l2():
-    import torch
-    global _l2_flush_buffer
-    if _l2_flush_buffer is None:
-        _l2_flush_buffer = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
-    _l2_flush_buffer.fill_(42)
-
-
-def benchmark_inputs(args: dict) -> list:
-    from reference import generate_input
-    inputs = []
-    args = dict(args)
-    for _ in range(NUM_INPUTS_PER_BENCHMARK):
-        if "seed" in args:
-            args["seed"] += SEED_STEP
-        inputs.append(generate_input(**args))
-    return inputs
 
 
 def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_ns: float,
@@ -516,7 +483,7 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     else:
         kernel = submission.Sm100GroupedGemmKernel(submission.TILE_CONFIGS[config_name])
     try:
-        compiled = hopper.compile_kernel(kernel) if hopper else submission.compile_kernel(kernel)
+        compiled = submission.compile_with_placeholders(kernel)
         ptx = ptx_text(compiled)
         # Whether launches can skip the DSL's per-call argument conversion
         # (submission.HostFunction); checked on the CPU against this release.
@@ -652,7 +619,8 @@ def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = No
     plans = []
     for name, sizes in shape_sets:
         config = fixed_config or submission.choose_config(sizes)
-        _, tiles, ctas = submission.launch_plan(sizes, config, num_sms or submission.SM100_SM_COUNT)
+        tiles = submission.tile_count(sizes, config)
+        ctas = submission.persistent_ctas(tiles, num_sms or submission.SM100_SM_COUNT)
         plans.append({"case": name, "groups": len(sizes), "config": config.name,
                       "tiles": tiles, "ctas": ctas, "problem_sizes": [list(s) for s in sizes]})
     return plans

@@ -32,7 +32,7 @@ import time
 import torch
 
 import submission
-from eval import NUM_INPUTS_PER_BENCHMARK as NUM_INPUTS, benchmark_inputs, clone_data
+from harness import NUM_INPUTS_PER_BENCHMARK as NUM_INPUTS, benchmark_inputs, clone_data
 
 # =============================================================================
 # Stand-in kernel: same host parameters as Sm100GroupedGemmKernel.__call__

@@ -90,7 +90,7 @@ import os
 import struct
 import weakref
 from collections import OrderedDict
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -128,20 +128,18 @@ EPILOGUE_BARRIER_ID = 1  # the epilogue warps among themselves
 TMEM_ALLOC_BARRIER_ID = 2  # epilogue warps + MMA warp: TMEM address published
 ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue warp
 
-NUM_TENSORMAPS = 5  # A', B', SFA', SFB', D'
+TENSORMAPS_PER_CTA = 5  # workspace slots per CTA: A', B', SFA', SFB', D' (all used here)
 BYTES_PER_TENSORMAP = 128
-TENSORMAP_I64_PER_CTA = NUM_TENSORMAPS * BYTES_PER_TENSORMAP // 8
-MAX_CTAS_PER_SM = 2  # the per-stream tensormap workspace holds this many CTAs per SM
+TENSORMAP_I64_PER_CTA = TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP // 8
 PTR_ALIGN_BYTES = 16  # TMA needs 16-byte aligned global addresses
 N_MULTIPLE = 128
 K_MULTIPLE = 256
 
 PATH_B200 = "b200-tcgen05"
-PATH_HOPPER = "hopper-sm90"
 PATH_PORTABLE = "portable-torch"
 
 
-def check_warp_roles() -> None:
+def check_sm100_warp_roles() -> None:
     """Fail on the host, before any compile, where the warp roles and the
     barrier and pipeline arrive counts disagree (on a B200 that would hang)."""
     warps = THREADS_PER_CTA // 32
@@ -158,22 +156,25 @@ def check_warp_roles() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """A compile-time tile configuration of the B200 kernel (hopper.py
-    extends it for the sm_90 kernel); the launcher reads only these fields."""
+    """A compile-time configuration of the B200 kernel: the scheduler's tile
+    of D' (tile_m x tile_n, one CTA's MMA tile) and whether A and B are
+    swapped. The launcher uses only these fields and the methods below, so a
+    kernel for another architecture (hopper.py) subclasses it."""
     name: str
-    mma_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
-    mma_n: int  # CTA tile along N' (128 or 256)
-    swap_ab: bool  # A' = b, B' = a, D' = C^T
-    ctas_per_sm: int = 1  # persistent CTAs per SM (the launch grid is this x SMs at most)
+    tile_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
+    tile_n: int  # CTA tile along N' (128 or 256)
+    swap_ab: bool = False  # A' = b, B' = a, D' = C^T
 
     @property
     def tile_mnk(self) -> Tuple[int, int, int]:
-        return (self.mma_m, self.mma_n, 64 * MMA_K_BLOCKS_PER_STAGE)
+        return (self.tile_m, self.tile_n, 64 * MMA_K_BLOCKS_PER_STAGE)
 
-    def scratch_bytes(self, problem_sizes) -> int:
-        """Device scratch a launch needs after its CTAs' tensormaps (none here;
-        hopper.py's token pre-pass uses some)."""
-        return 0
+    def make_kernel(self):
+        return Sm100GroupedGemmKernel(self)
+
+    def workspace_words(self, problem_sizes, ctas: int) -> int:
+        """Int64 words of device workspace a launch needs: its CTAs' tensormaps."""
+        return ctas * TENSORMAP_I64_PER_CTA
 
 
 TILE_CONFIGS = {
@@ -196,7 +197,7 @@ def acc_stages(config: TileConfig) -> int:
     """Accumulator buffers in TMEM: two (epilogue of one tile overlaps the
     mainloop of the next) unless two MMA-N-wide fp32 accumulators and the
     scale factors exceed the 512 columns (MMA N = 256)."""
-    return 2 if config.mma_n <= 128 else 1
+    return 2 if config.tile_n <= 128 else 1
 
 
 def kernel_problem(size, config: TileConfig) -> Tuple[int, int, int, int]:
@@ -206,8 +207,13 @@ def kernel_problem(size, config: TileConfig) -> Tuple[int, int, int, int]:
 
 
 def tile_count(problem_sizes, config: TileConfig) -> int:
-    return sum(ceil_div(mp, config.mma_m) * ceil_div(np_, config.mma_n)
+    return sum(ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n)
                for mp, np_, _, _ in (kernel_problem(s, config) for s in problem_sizes))
+
+
+def persistent_ctas(tiles: int, num_sms: int) -> int:
+    """The persistent grid: one CTA per SM at most, none idle from the start."""
+    return max(1, min(tiles, num_sms))
 
 
 # =============================================================================
@@ -251,12 +257,12 @@ def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COU
         mp, np_, k, _ = kernel_problem(size, config)
         unique_bytes += (mp + np_) * k // 2 + (mp + np_) * k // SF_VEC_SIZE + 2 * mp * np_
         k_stages = ceil_div(k, config.tile_mnk[2])
-        tiles += [k_stages] * (ceil_div(mp, config.mma_m) * ceil_div(np_, config.mma_n))
+        tiles += [k_stages] * (ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n))
     ctas = min(len(tiles), num_sms)
     stages_in_flight = _compute_stages_for_model(config)
     per_cta_bw = min(stages_in_flight * stage_bytes(config) / MODEL_LATENCY_S,
                      MODEL_SM_LOAD_BYTES_PER_S)
-    stage_flops = 2 * config.mma_m * config.mma_n * config.tile_mnk[2]
+    stage_flops = 2 * config.tile_m * config.tile_n * config.tile_mnk[2]
     stage_s = max(stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
     work = [0.0] * ctas
     for i, k_stages in enumerate(tiles):
@@ -286,7 +292,7 @@ def _compute_stages_for_model(config: TileConfig) -> int:
     """A/B/SFA/SFB stages the kernel will have, from byte counts alone (the
     kernel computes the same from its layouts; a test checks they agree)."""
     c_bytes = NUM_C_STAGES * EPI_TILE_BYTES
-    tensormap_bytes = NUM_TENSORMAPS * BYTES_PER_TENSORMAP
+    tensormap_bytes = TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP
     return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // stage_bytes(config)
 
 
@@ -303,14 +309,12 @@ def stage_bytes(config: TileConfig) -> int:
 @cute.jit
 def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                 tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
-    """The static persistent tile scheduler's mapping.
-
-    Tiles of all groups are numbered group by group, M' tiles fastest; a CTA
-    takes tiles bidz, bidz + grid, ... . Given linear index `tile`, return
-    (group, group_first_tile, m'-tile, n'-tile), where `group_first_tile` is
-    the first linear index of `group`. The search starts from the (group,
-    group_first_tile) of this CTA's previous tile, since a CTA's tiles only
-    move forward; `problem_sizes` is the run-time (G, 4) table M', N', K, L."""
+    """Linear tile index `tile` -> (group, group_first_tile, m'-tile, n'-tile),
+    where `group_first_tile` is the first linear index of `group`. Tiles are
+    numbered group by group, M' tiles fastest. The search starts from the
+    (group, group_first_tile) of the caller's previous tile, since a CTA's
+    tiles only move forward; `problem_sizes` is the run-time (G, 4) table
+    M', N', K, L."""
     tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
     group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     while tile >= group_end:
@@ -322,14 +326,126 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
 
 
-def prefetch_tensormap(tensormap_manager, gmem_ptr) -> None:
-    """Bring a just-published descriptor into the TMA unit's cache
-    (`prefetch.tensormap`) before the first copy that uses it. DSL releases
-    without `cute.arch.prefetch` (4.3.x) skip it: it is only a hint."""
-    prefetch = getattr(cute.arch, "prefetch", None)
-    if prefetch is not None:
-        generic = tensormap_manager.get_tensormap_ptr(gmem_ptr, cute.AddressSpace.generic)
-        prefetch(generic.llvm_ptr, tensormap=True)
+class WorkTile(NamedTuple):
+    """One tile of D': its group, M'- and N'-tile indices, and the group's K stages."""
+    group: object
+    m_tile: object
+    n_tile: object
+    k_tiles: object
+
+
+class TileScheduler:
+    """The static persistent walk over the tiles of all groups, used by every
+    warp role of both kernels (each role of a CTA walks the same sequence):
+
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, tile_mnk)
+        while scheduler.has_work():
+            work = scheduler.current()  # WorkTile
+            ...
+            scheduler.advance()
+
+    CTA c of a grid of G takes tiles c, c + G, c + 2 G, ... (`locate_tile`).
+    K stages are K // tile_k: K is a multiple of K_MULTIPLE, which every
+    configuration's tile_k divides. The walk's state (linear tile, and the
+    group search's group and first tile) is three Int32 values carried
+    through the DSL's dynamic loop; the tables, tile sizes and grid stride are
+    fixed for the kernel."""
+
+    def __init__(self, problem_sizes, total_tiles, tile_mnk, stride, tile, group, group_first_tile):
+        self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride = problem_sizes, total_tiles, tile_mnk, stride
+        self.tile, self.group, self.group_first_tile = tile, group, group_first_tile
+
+    @staticmethod
+    def create(problem_sizes: cute.Tensor, total_tiles, tile_mnk) -> "TileScheduler":
+        _, _, bidz = cute.arch.block_idx()
+        _, _, grid_z = cute.arch.grid_dim()
+        return TileScheduler(problem_sizes, total_tiles, tile_mnk, grid_z, cutlass.Int32(bidz),
+                             cutlass.Int32(0), cutlass.Int32(0))
+
+    def has_work(self):
+        return self.tile < self.total_tiles
+
+    def current(self) -> WorkTile:
+        tile_m, tile_n, tile_k = self.tile_mnk
+        group, self.group_first_tile, m_tile, n_tile = locate_tile(
+            self.problem_sizes, tile_m, tile_n, self.tile, self.group, self.group_first_tile)
+        self.group = group
+        return WorkTile(group, m_tile, n_tile, self.problem_sizes[group, 2] // tile_k)
+
+    def advance(self) -> None:
+        self.tile = self.tile + self.stride
+
+    # the DSL's protocol for values carried through dynamic loops
+    def __get_mlir_types__(self):
+        return [self.tile.type, self.group.type, self.group_first_tile.type]
+
+    def __extract_mlir_values__(self):
+        return [self.tile.ir_value(), self.group.ir_value(), self.group_first_tile.ir_value()]
+
+    def __new_from_mlir_values__(self, values):
+        return TileScheduler(self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride,
+                             *(cutlass.Int32(v) for v in values))
+
+
+# =============================================================================
+# TMA descriptors: one CTA's, rewritten when a role moves to another group
+# =============================================================================
+@dataclasses.dataclass(frozen=True)
+class CtaTensormaps:
+    """The TMA descriptors of one warp role of this CTA (the B200 kernel's
+    producer: A', B', SFA', SFB'; its epilogue: D'; the Hopper kernel's
+    producer: A, B). Each has a shared-memory copy, which `warp` rewrites for
+    a new group's tensors, and a home in the global workspace (slots
+    `first_slot`.. of this CTA's row), which the TMA operations name.
+
+    A role moving to another group calls `rewrite`, then `publish` before its
+    first copy through them (`for_group` does both back to back; the B200
+    epilogue rewrites before waiting for its accumulator and publishes after).
+    Frozen: the DSL then treats it as read-only inside dynamic loops."""
+    atoms: tuple
+    warp: int
+    manager: object
+    smem: tuple
+    gmem: tuple
+
+    @staticmethod
+    def create(atoms, workspace: cute.Tensor, smem_base, first_slot: int, warp: int) -> "CtaTensormaps":
+        _, _, bidz = cute.arch.block_idx()
+        manager = utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
+        slots = range(first_slot, first_slot + len(atoms))
+        return CtaTensormaps(tuple(atoms), warp, manager,
+                             tuple(smem_base + i * (BYTES_PER_TENSORMAP // 8) for i in slots),
+                             tuple(manager.get_tensormap_ptr(workspace[(bidz, i, None)].iterator) for i in slots))
+
+    def init_from_atoms(self, prefetch_atoms: bool = False) -> None:
+        """The shared-memory copies start as the compiled atoms' descriptors;
+        with `prefetch_atoms`, each atom's own descriptor (a kernel parameter)
+        is prefetched as its copy starts (interleaved: fewer live registers)."""
+        for atom, smem in zip(self.atoms, self.smem):  # unrolled while tracing
+            if prefetch_atoms:
+                cpasync.prefetch_descriptor(atom)
+            self.manager.init_tensormap_from_atom(atom, smem, self.warp)
+
+    def rewrite(self, tensors) -> None:
+        self.manager.update_tensormap(tuple(tensors), self.atoms, self.gmem, self.warp, self.smem)
+
+    def publish(self) -> None:
+        """Copy to global memory with a release fence, acquire, and prefetch
+        each into the TMA unit's cache (`prefetch.tensormap`; DSL releases
+        without `cute.arch.prefetch`, 4.3.x, skip that hint)."""
+        prefetch = getattr(cute.arch, "prefetch", None)
+        for gmem in self.gmem:
+            self.manager.fence_tensormap_update(gmem)
+            if prefetch is not None:
+                prefetch(self.manager.get_tensormap_ptr(gmem, cute.AddressSpace.generic).llvm_ptr, tensormap=True)
+
+    def for_group(self, tensors) -> None:
+        self.rewrite(tensors)
+        self.publish()
+
+    def descriptor(self, i: int):
+        """What TMA operation number `i` of this role names as its descriptor."""
+        return self.manager.get_tensormap_ptr(self.gmem[i], cute.AddressSpace.generic)
 
 
 def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas):
@@ -342,20 +458,9 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, 
     sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
     tensormaps = cute.make_tensor(
         ptr_tensormaps,
-        cute.make_layout((num_ctas, NUM_TENSORMAPS, BYTES_PER_TENSORMAP // 8),
+        cute.make_layout((num_ctas, TENSORMAPS_PER_CTA, BYTES_PER_TENSORMAP // 8),
                          stride=(TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
     return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
-
-
-def publish_tensormaps(tensormap_manager, tensors, atoms, gmem_ptrs, warp: int, smem_ptrs) -> None:
-    """Rewrite a CTA's descriptors for `tensors` (in shared memory, by
-    `warp`), publish them to their global copies and fence and prefetch each
-    before the first copy that uses it: a CTA's move to another group (the
-    B200 kernel's producer and epilogue, the Hopper kernel's producer)."""
-    tensormap_manager.update_tensormap(tensors, atoms, gmem_ptrs, warp, smem_ptrs)
-    for i in range(len(gmem_ptrs)):  # unrolled while tracing
-        tensormap_manager.fence_tensormap_update(gmem_ptrs[i])
-        prefetch_tensormap(tensormap_manager, gmem_ptrs[i])
 
 
 # =============================================================================
@@ -371,8 +476,8 @@ class SmemTensors(NamedTuple):
     tmem_holding: object  # where tcgen05.alloc writes the TMEM base address
 
 
-class SmemLayouts(NamedTuple):
-    """Shared-memory layouts of one configuration, as the device code receives them."""
+class Sm100SmemLayouts(NamedTuple):
+    """Shared-memory layouts of one B200 configuration, as the device code receives them."""
     a: object  # (MMA, MMA_M, MMA_K, STAGE), swizzled
     b: object  # (MMA, MMA_N, MMA_K, STAGE), swizzled
     sfa: object  # (MMA, MMA_M, MMA_K, STAGE)
@@ -386,7 +491,7 @@ class Sm100GroupedGemmKernel:
     for roles, pipelines, stages, TMEM and the scheduler."""
 
     def __init__(self, config: TileConfig):
-        check_warp_roles()
+        check_sm100_warp_roles()
         self.config = config
         self.tile_mnk = config.tile_mnk
         # D' is C (row-major, N' contiguous) or C^T (column-major, M' contiguous).
@@ -432,7 +537,7 @@ class Sm100GroupedGemmKernel:
             + cute.size_in_bytes(SF_DTYPE, blockscaled_utils.make_smem_layout_sfb(tiled_mma, t, SF_VEC_SIZE, 1)))
         c_bytes = self.num_c_stages * cute.size_in_bytes(
             C_DTYPE, sm100_utils.make_smem_layout_epi(C_DTYPE, self.c_layout, self.epi_tile, 1))
-        free = SMEM_CAPACITY - SMEM_RESERVED - NUM_TENSORMAPS * BYTES_PER_TENSORMAP - c_bytes
+        free = SMEM_CAPACITY - SMEM_RESERVED - TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP - c_bytes
         self.stage_bytes = stage_bytes
         return free // stage_bytes
 
@@ -559,12 +664,9 @@ class Sm100GroupedGemmKernel:
         epi_tile: cute.Tile,
     ):
         # Layouts built on the host must reach the device code as arguments.
-        layouts = SmemLayouts(a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged,
+        layouts = Sm100SmemLayouts(a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged,
                               sfb_smem_layout_staged, c_smem_layout_staged, epi_tile)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        _, _, bidz = cute.arch.block_idx()
-        _, _, grid_z = cute.arch.grid_dim()
-
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         # Everything the roles use from shared memory, so that no role needs
         # the storage struct itself (older DSL releases cannot carry it into
@@ -590,12 +692,10 @@ class Sm100GroupedGemmKernel:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ACC_CONSUMER_ARRIVES),
         )
-        tensormap_manager = utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
-        # This CTA's descriptors: (shared-memory copy, global-memory home) per tensor
-        tensormap_smem = [storage.tensormaps.data_ptr() + i * (BYTES_PER_TENSORMAP // 8)
-                          for i in range(NUM_TENSORMAPS)]
-        tensormap_gmem = [tensormap_manager.get_tensormap_ptr(tensormaps[(bidz, i, None)].iterator)
-                          for i in range(NUM_TENSORMAPS)]
+        # This CTA's descriptors: slots 0-3 the producer's, slot 4 the epilogue's
+        producer_maps = CtaTensormaps.create((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), tensormaps,
+                                      storage.tensormaps.data_ptr(), 0, TMA_WARP)
+        epilogue_maps = CtaTensormaps.create((tma_atom_c,), tensormaps, storage.tensormaps.data_ptr(), 4, EPILOGUE_WARPS[0])
         # (MMA, MMA_M, MMA_N, ACC_STAGE) accumulator layout, address known after allocation
         acc_shape = tiled_mma.partition_shape_C(self.tile_mnk[:2])
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stages))
@@ -604,18 +704,16 @@ class Sm100GroupedGemmKernel:
 
         if warp_idx == TMA_WARP:
             self.tma_producer(
-                layouts, smem, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem, tensormap_gmem,
-                tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
-                tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, abc_ptrs, sf_ptrs, bidz, grid_z)
+                layouts, smem, ab_pipeline, problem_sizes, total_tiles, producer_maps,
+                tiled_mma, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs)
         if warp_idx == MMA_WARP:
             self.mma_issuer(
                 layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
-                tmem_alloc_barrier, bidz, grid_z)
+                tmem_alloc_barrier)
         if warp_idx < MMA_WARP:
             self.epilogue(
-                layouts, smem, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem[4],
-                tensormap_gmem[4], tiled_mma, tCtAcc_fake, tmem_alloc_barrier,
-                tma_atom_c, mC_mnl, abc_ptrs, bidz, grid_z)
+                layouts, smem, acc_pipeline, problem_sizes, total_tiles, epilogue_maps, tiled_mma, tCtAcc_fake,
+                tmem_alloc_barrier, mC_mnl, abc_ptrs)
 
     # -------------------------------------------------------------------------
     # Per-group global tensors (for the descriptor updates)
@@ -655,13 +753,11 @@ class Sm100GroupedGemmKernel:
     # Warp 5: TMA producer
     # -------------------------------------------------------------------------
     @cute.jit
-    def tma_producer(self, layouts, smem, ab_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_smem,
-                     tensormap_gmem, tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
-                     tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, abc_ptrs, sf_ptrs, bidz, grid_z):
-        atoms = (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb)
-        for i in cutlass.range_constexpr(4):
-            cpasync.prefetch_descriptor(atoms[i])
-            tensormap_manager.init_tensormap_from_atom(atoms[i], tensormap_smem[i], TMA_WARP)
+    def tma_producer(self, layouts, smem, ab_pipeline, problem_sizes, total_tiles, tensormaps, tiled_mma,
+                     mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs):
+        """Per tile, its K stages of A', B', SFA', SFB' into the ab pipeline's stages."""
+        tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb = tensormaps.atoms
+        tensormaps.init_from_atoms(prefetch_atoms=True)
 
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory stages
         sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
@@ -684,30 +780,26 @@ class Sm100GroupedGemmKernel:
         tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, tile_n, thr_mma.partition_B, True)
 
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
-        tile = bidz
-        group = cutlass.Int32(0)
-        group_first_tile = cutlass.Int32(0)
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         loaded_group = cutlass.Int32(-1)
-        while tile < total_tiles:
-            group, group_first_tile, m_tile, n_tile = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
-            if group != loaded_group:
-                publish_tensormaps(tensormap_manager, self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs),
-                                   atoms, tuple(tensormap_gmem[:4]), TMA_WARP, tuple(tensormap_smem[:4]))
-                loaded_group = group
-            k_tiles = ceil_div(problem_sizes[group, 2], self.tile_mnk[2])
-            # (source ((ATOM_V, REST_V), REST_K), stage destination, descriptor) per tensor
-            loads = ((tma_atom_a, tAgA[(None, m_tile, None, 0)], tAsA, tensormap_gmem[0]),
-                     (tma_atom_b, tBgB[(None, n_tile, None, 0)], tBsB, tensormap_gmem[1]),
-                     (tma_atom_sfa, tAgSFA[(None, m_tile, None, 0)], tAsSFA, tensormap_gmem[2]),
-                     (tma_atom_sfb, tBgSFB[(None, n_tile, None, 0)], tBsSFB, tensormap_gmem[3]))
-            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+        while scheduler.has_work():
+            work = scheduler.current()
+            if work.group != loaded_group:
+                tensormaps.for_group(self.group_tensors(problem_sizes, work.group, abc_ptrs, sf_ptrs))
+                loaded_group = work.group
+            # (source ((ATOM_V, REST_V), REST_K), stage destination) per tensor, in descriptor order
+            loads = ((tma_atom_a, tAgA[(None, work.m_tile, None, 0)], tAsA),
+                     (tma_atom_b, tBgB[(None, work.n_tile, None, 0)], tBsB),
+                     (tma_atom_sfa, tAgSFA[(None, work.m_tile, None, 0)], tAsSFA),
+                     (tma_atom_sfb, tBgSFB[(None, work.n_tile, None, 0)], tBsSFB))
+            for k_tile in cutlass.range(0, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(producer_state)
-                for atom, src, dst, desc in loads:
+                for i, (atom, src, dst) in enumerate(loads):
                     cute.copy(atom, src[(None, k_tile)], dst[(None, producer_state.index)],
                               tma_bar_ptr=ab_pipeline.producer_get_barrier(producer_state),
-                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(desc, cute.AddressSpace.generic))
+                              tma_desc_ptr=tensormaps.descriptor(i))
                 producer_state.advance()
-            tile += grid_z
+            scheduler.advance()
         ab_pipeline.producer_tail(producer_state)
 
     # -------------------------------------------------------------------------
@@ -715,7 +807,8 @@ class Sm100GroupedGemmKernel:
     # -------------------------------------------------------------------------
     @cute.jit
     def mma_issuer(self, layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, total_tiles, tiled_mma, tCtAcc_fake,
-                   tmem_alloc_barrier, bidz, grid_z):
+                   tmem_alloc_barrier):
+        """Per tile, its K stages' block-scaled MMAs into a TMEM accumulator buffer."""
         sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory descriptors
         tCrA = tiled_mma.make_fragment_A(sA)
@@ -746,16 +839,13 @@ class Sm100GroupedGemmKernel:
 
         consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_acc_stages)
-        tile = bidz
-        group = cutlass.Int32(0)
-        group_first_tile = cutlass.Int32(0)
-        while tile < total_tiles:
-            group, group_first_tile, _, _ = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
-            k_tiles = ceil_div(problem_sizes[group, 2], self.tile_mnk[2])
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
+        while scheduler.has_work():
+            work = scheduler.current()
             tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
             acc_pipeline.producer_acquire(acc_state)  # the epilogue has drained this buffer
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-            for k_tile in cutlass.range(0, k_tiles, 1, unroll=1):
+            for k_tile in cutlass.range(0, work.k_tiles, 1, unroll=1):
                 ab_pipeline.consumer_wait(consumer_state)
                 stage = (None, None, None, None, consumer_state.index)
                 cute.copy(copy_sfa, tCsSFA_s2t[stage], tCtSFA_s2t)
@@ -770,7 +860,7 @@ class Sm100GroupedGemmKernel:
                 consumer_state.advance()
             acc_pipeline.producer_commit(acc_state)  # accumulator full when the MMAs finish
             acc_state.advance()
-            tile += grid_z
+            scheduler.advance()
         acc_pipeline.producer_tail(acc_state)
 
     def s2t_copy_and_partition(self, sSF, tSF):
@@ -789,15 +879,17 @@ class Sm100GroupedGemmKernel:
     # Warps 0-3: epilogue
     # -------------------------------------------------------------------------
     @cute.jit
-    def epilogue(self, layouts, smem, acc_pipeline, problem_sizes, total_tiles, tensormap_manager, tensormap_c_smem,
-                 tensormap_c_gmem, tiled_mma, tCtAcc_fake, tmem_alloc_barrier, tma_atom_c, mC_mnl,
-                 abc_ptrs, bidz, grid_z):
+    def epilogue(self, layouts, smem, acc_pipeline, problem_sizes, total_tiles, tensormaps, tiled_mma, tCtAcc_fake,
+                 tmem_alloc_barrier, mC_mnl, abc_ptrs):
+        """Per tile, the accumulator to fp16 D' in 128 x 32 subtiles: TMEM ->
+        registers -> shared memory -> TMA store (warp 0 allocates TMEM)."""
+        tma_atom_c = tensormaps.atoms[0]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         epilogue_barrier = pipeline.NamedBarrier(
             barrier_id=EPILOGUE_BARRIER_ID, num_threads=32 * len(EPILOGUE_WARPS))
         leader = warp_idx == EPILOGUE_WARPS[0]
-        tensormap_manager.init_tensormap_from_atom(tma_atom_c, tensormap_c_smem, EPILOGUE_WARPS[0])
+        tensormaps.init_from_atoms()
         if leader:
             cpasync.prefetch_descriptor(tma_atom_c)
             cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding)
@@ -838,27 +930,22 @@ class Sm100GroupedGemmKernel:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPILOGUE_WARPS)))
 
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
-        tile = bidz
-        group = cutlass.Int32(0)
-        group_first_tile = cutlass.Int32(0)
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         stored_group = cutlass.Int32(-1)
         subtiles_done = cutlass.Int32(0)
-        while tile < total_tiles:
-            group, group_first_tile, m_tile, n_tile = locate_tile(problem_sizes, *self.tile_mnk[:2], tile, group, group_first_tile)
-            if group != stored_group:
-                tensormap_manager.update_tensormap(
-                    (self.group_output(problem_sizes, group, abc_ptrs),), (tma_atom_c,),
-                    (tensormap_c_gmem,), EPILOGUE_WARPS[0], (tensormap_c_smem,))
+        while scheduler.has_work():
+            work = scheduler.current()
+            if work.group != stored_group:  # rewritten while the accumulator fills, published once it is full
+                tensormaps.rewrite((self.group_output(problem_sizes, work.group, abc_ptrs),))
             # ((ATOM_V, REST_V), EPI_M x EPI_N)
-            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, m_tile, n_tile, 0)], 1, 3)
+            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, work.m_tile, work.n_tile, 0)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
             tTR_tAcc = cute.group_modes(tTR_tAcc_base[(None, None, None, None, None, acc_state.index)], 3, 5)
             acc_pipeline.consumer_wait(acc_state)
-            if group != stored_group:
+            if work.group != stored_group:
                 if leader:
-                    tensormap_manager.fence_tensormap_update(tensormap_c_gmem)
-                    prefetch_tensormap(tensormap_manager, tensormap_c_gmem)
-                stored_group = group
+                    tensormaps.publish()
+                stored_group = work.group
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             for subtile in cutlass.range(num_subtiles):
                 cute.copy(copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
@@ -870,8 +957,7 @@ class Sm100GroupedGemmKernel:
                 epilogue_barrier.arrive_and_wait()
                 if leader:
                     cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, subtile)],
-                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(
-                                  tensormap_c_gmem, cute.AddressSpace.generic))
+                              tma_desc_ptr=tensormaps.descriptor(0))
                     c_pipeline.producer_commit()
                     c_pipeline.producer_acquire()  # the buffer written next is free again
                 epilogue_barrier.arrive_and_wait()
@@ -879,7 +965,7 @@ class Sm100GroupedGemmKernel:
             with cute.arch.elect_one():
                 acc_pipeline.consumer_release(acc_state)  # one arrive per epilogue warp
             acc_state.advance()
-            tile += grid_z
+            scheduler.advance()
 
         if leader:
             cute.arch.relinquish_tmem_alloc_permit()
@@ -890,7 +976,7 @@ class Sm100GroupedGemmKernel:
 
 
 # =============================================================================
-# Compilation: one kernel per (tile configuration, architecture)
+# Compilation: one kernel per (configuration, architecture)
 # =============================================================================
 _compiled: Dict[tuple, tuple] = {}
 
@@ -905,35 +991,28 @@ def target_arch() -> str:
 
 
 def compile_grouped_gemm(config: TileConfig):
-    """(compiled function, kernel object) for `config`, compiled on first use.
+    """(compiled host function, kernel object) for `config` (of this module
+    or hopper.py: `config.make_kernel()`), compiled on first use.
 
     Keyed only on compile-time facts: the configuration and the target
     architecture. Problem sizes, group count and grid are run-time arguments.
     Works without a GPU when CUTE_DSL_ARCH names the target (e.g. sm_100a)."""
     key = (config, target_arch())
     if key not in _compiled:
-        kernel = Sm100GroupedGemmKernel(config)
-        _compiled[key] = (compile_kernel(kernel), kernel)
+        kernel = config.make_kernel()
+        _compiled[key] = (compile_with_placeholders(kernel), kernel)
     return _compiled[key]
 
 
-def compile_kernel(kernel: Sm100GroupedGemmKernel):
-    """cute.compile with placeholder arguments: only their types matter."""
+def compile_with_placeholders(kernel):
+    """cute.compile of a kernel's host function (this module's, or hopper.py's,
+    which takes the same arguments: `host_arguments`) with placeholder
+    arguments: only their types matter."""
     null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
     return cute.compile(
         kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
         null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1),
         cutlass.Int32(1), make_fake_stream())
-
-
-def launch_plan(problem_sizes, config: TileConfig, num_sms: int):
-    """Host-side tables for one launch: kernel problem sizes (M', N', K, L) and
-    the tile and CTA counts."""
-    sizes = [kernel_problem(s, config) for s in problem_sizes]
-    tiles = tile_count(problem_sizes, config)
-    if not 1 <= config.ctas_per_sm <= MAX_CTAS_PER_SM:
-        raise ValueError(f"{config.name}: {config.ctas_per_sm} CTAs per SM (1..{MAX_CTAS_PER_SM} supported)")
-    return sizes, tiles, max(1, min(tiles, num_sms * config.ctas_per_sm))
 
 
 # =============================================================================
@@ -1045,32 +1124,34 @@ class ShapePlan(NamedTuple):
     """What one set of problem sizes on one device fixes: the configuration,
     the kernel's size words (see `table_words`), the tile and CTA counts, and
     per group the exact (dtype, shape, strides, device index) of a, b, c,
-    sfa_reordered and sfb_reordered as `gather_tables` reads them; the
-    scratch bytes the configuration needs after the tensormaps."""
+    sfa_reordered and sfb_reordered as `gather_tables` reads them; the int64
+    words of device workspace a launch needs (`TileConfig.workspace_words`)."""
     config: TileConfig
     size_words: Tuple[int, ...]
     tiles: int
     ctas: int
     signature: Tuple[tuple, ...]
-    scratch_bytes: int = 0
+    workspace_words: int
 
 
 @functools.lru_cache(maxsize=256)
 def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int,
-               config: Optional[TileConfig] = None, choose=None) -> ShapePlan:
+               config: Optional[TileConfig] = None) -> ShapePlan:
     """Raises ValueError, naming the group, for sizes the kernel cannot take.
-    `config` fixed, else `choose(problem_sizes)` (default: the B200 cost
-    model's `choose_config`), called once the sizes are known to be valid."""
+    `config` fixed, else the cost model's `choose_config`, called once the
+    sizes are known to be valid."""
     for g, size in enumerate(problem_sizes):
         check_problem_size(g, size)
-    config = config or (choose or choose_config)(problem_sizes)
-    sizes, tiles, ctas = launch_plan(problem_sizes, config, num_sms)
-    size_words = tuple(w for mp, np_, k, l in sizes for w in (mp | np_ << 32, k | l << 32))
+    config = config or choose_config(problem_sizes)
+    tiles = tile_count(problem_sizes, config)
+    ctas = persistent_ctas(tiles, num_sms)
+    size_words = tuple(w for mp, np_, k, l in (kernel_problem(s, config) for s in problem_sizes)
+                       for w in (mp | np_ << 32, k | l << 32))
     signature = tuple(
         tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
               for x in (dtype, shape, strides, device_index))
         for m, n, k, _ in problem_sizes)
-    return ShapePlan(config, size_words, tiles, ctas, signature, config.scratch_bytes(problem_sizes))
+    return ShapePlan(config, size_words, tiles, ctas, signature, config.workspace_words(problem_sizes, ctas))
 
 
 def table_offsets(num_groups: int) -> Tuple[int, int, int]:
@@ -1113,12 +1194,6 @@ def gather_tables(data, shape: ShapePlan, check: bool = True) -> Optional[list]:
     return table_words(abc_words, sf_words, shape.size_words)
 
 
-def pack_metadata(data, config: TileConfig) -> Tuple[list, int, int, int]:
-    """The table words of a valid input under `config`, and `table_offsets`."""
-    shape = shape_plan(tuple(map(tuple, data[3])), -1, SM100_SM_COUNT, config)
-    return (gather_tables(data, shape, check=False), *table_offsets(len(data[3])))
-
-
 def input_key(data) -> tuple:
     """Identity of an input for the plan cache: the Python objects of all its
     tensors and its problem sizes. A plan registers weak references on those
@@ -1151,10 +1226,7 @@ _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def current_stream_handle(device_index: int) -> int:
     """The current CUDA stream's handle; torch's private accessor costs a tenth
-    of torch.cuda.current_stream(device) where it exists. 0 for the CPU
-    (device index -1: the launcher's CPU tests)."""
-    if device_index < 0:
-        return 0
+    of torch.cuda.current_stream(device) where it exists."""
     if _raw_current_stream is not None:
         return _raw_current_stream(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
@@ -1188,26 +1260,24 @@ def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None
 
 
 class StreamResources:
-    """What every plan launched on one (device, stream) shares: the tensormap
-    workspace (launches on one stream run one after another, and each CTA
-    rewrites its descriptors from the kernel's own before first use), with
-    any scratch a configuration needs after the tensormaps of a launch's CTAs,
-    and an arena of table slots. A slot returns to the arena when its plan
-    goes, and is reused only by plans built on the same stream, whose table
-    copy is ordered after every earlier launch there."""
+    """What every plan launched on one (device, stream) shares: the workspace
+    (launches on one stream run one after another, and each CTA rewrites its
+    descriptors from the kernel's own before first use; a configuration may
+    ask for more, `TileConfig.workspace_words`), and an arena of table slots.
+    A slot returns to the arena when its plan goes, and is reused only by
+    plans built on the same stream, whose table copy is ordered after every
+    earlier launch there."""
 
     def __init__(self, device_index: int, stream: int):
         self.device_index = device_index
         self.stream = stream
-        self.tensormap_words = sm_count(device_index) * MAX_CTAS_PER_SM * TENSORMAP_I64_PER_CTA
-        self.workspace = torch.empty(self.tensormap_words, dtype=torch.int64, device=device_index)
+        self.workspace = torch.empty(sm_count(device_index) * TENSORMAP_I64_PER_CTA, dtype=torch.int64,
+                                     device=device_index)
         self.outgrown = []  # earlier workspaces, still named by the plans launched with them
         self.free_slots = []  # views of the arena's chunks
 
-    def workspace_for(self, scratch_bytes: int) -> torch.Tensor:
-        """The workspace, grown (never shrunk) to hold `scratch_bytes` after
-        the tensormaps of any launch's CTAs."""
-        words = workspace_words(self.tensormap_words, scratch_bytes)
+    def workspace_for(self, words: int) -> torch.Tensor:
+        """The workspace, grown (never shrunk) to at least `words` int64 words."""
         if self.workspace.numel() < words:
             self.outgrown.append(self.workspace)
             self.workspace = torch.empty(words, dtype=torch.int64, device=self.device_index)
@@ -1222,12 +1292,6 @@ class StreamResources:
 
     def give_back(self, slot: torch.Tensor) -> None:
         self.free_slots.append(slot)
-
-
-def workspace_words(tensormap_words: int, scratch_bytes: int) -> int:
-    """Int64 words of a workspace: the CTAs' tensormaps, then the scratch
-    a configuration asks for (`TileConfig.scratch_bytes`)."""
-    return tensormap_words + ceil_div(scratch_bytes, 8)
 
 
 # Bytes of each of the host function's arguments, in order: the problem-size,
@@ -1341,9 +1405,9 @@ class HostFunction:
             return
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
 
-    def launcher(self, values, stream: int):
-        """A zero-argument function launching the kernel with `values` (see
-        `host_arguments`) on `stream`."""
+    def bind(self, values, stream: int):
+        """Launch the kernel with `values` (see `host_arguments`) on `stream`
+        now, and return a zero-argument function that launches it so again."""
         if self.capi is None:
             return launch_and_keep(self.compiled, host_arguments(values) + (_cu_stream_type()(stream),))
         storage, packed = pack_host_arguments(values, stream, self.extras)
@@ -1376,11 +1440,11 @@ class LaunchPlan:
     dedicated allocation beyond TABLE_SLOT_WORDS), and a launch function per
     CUDA stream it runs on. Built on the current stream."""
 
-    def __init__(self, words: list, shape: ShapePlan, compiled, device_index: int, launcher):
+    def __init__(self, words: list, shape: ShapePlan, compiled, device_index: int, owner: "GroupedGemmLauncher"):
         self.device_index = device_index
-        self.launcher = launcher  # gives the HostFunction and StreamResources
-        self.host = launcher.host_function(compiled, device_index)
-        self.home = launcher.stream_resources(device_index, current_stream_handle(device_index))
+        self.owner = owner  # holds the HostFunction and StreamResources
+        self.host = owner.host_function(compiled, device_index)
+        self.home = owner.stream_resources(device_index, current_stream_handle(device_index))
         self.words = words
         self.slot = self.home.take_slot() if len(words) <= TABLE_SLOT_WORDS else None
         self.tables = self.slot if self.slot is not None else torch.empty(
@@ -1390,12 +1454,12 @@ class LaunchPlan:
         abc_at, sf_at, sizes_at = table_offsets(len(shape.signature))
         self.table_addresses = (base + 8 * sizes_at, base + 8 * abc_at, base + 8 * sf_at)
         self.counts = (len(shape.signature), shape.tiles, shape.ctas)
-        self.scratch_bytes = shape.scratch_bytes
-        self.shared = False  # launched on a stream other than its own
-        self.launchers = {}  # CUDA stream handle -> zero-argument launch
+        self.workspace_words = shape.workspace_words
+        self.used_on_other_stream = False  # its slot is read on two streams: never handed on
+        self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch
 
     def launch(self):
-        launch = self.launchers.get(current_stream_handle(self.device_index))
+        launch = self.launch_by_stream.get(current_stream_handle(self.device_index))
         if launch is None:
             self.first_launch_on_stream()  # launches
         else:
@@ -1408,14 +1472,14 @@ class LaunchPlan:
             # and never hand the slot to another plan (two streams read it).
             torch.cuda.current_stream(self.device_index).wait_stream(
                 torch.cuda.ExternalStream(self.home.stream, device=self.device_index))
-            self.shared = True
-        workspace = self.launcher.stream_resources(self.device_index, stream).workspace_for(
-            self.scratch_bytes).data_ptr()
-        self.launchers[stream] = self.host.launcher(self.table_addresses + (workspace,) + self.counts, stream)
+            self.used_on_other_stream = True
+        workspace = self.owner.stream_resources(self.device_index, stream).workspace_for(
+            self.workspace_words).data_ptr()
+        self.launch_by_stream[stream] = self.host.bind(self.table_addresses + (workspace,) + self.counts, stream)
 
     def release(self):
         """The plan left the cache: its slot may serve the next plan."""
-        if self.slot is not None and not self.shared:
+        if self.slot is not None and not self.used_on_other_stream:
             self.home.give_back(self.slot)
         self.slot = None
 
@@ -1427,25 +1491,18 @@ class GroupedGemmLauncher:
     The first call with an input (cold) checks it and reads its tables in one
     pass (`gather_tables`; `validate_input` rules on anything that is not
     exactly the leaderboard's layout), copies the tables into a slot of the
-    stream's arena and makes a `LaunchPlan`; a later call with the same tensor
-    objects and sizes (warm, the leaderboard's timing loop) only launches.
-    C is recomputed on every call: only metadata is cached, never results.
+    stream's arena and makes a `plan_class` (LaunchPlan); a later call with
+    the same tensor objects and sizes (warm, the leaderboard's timing loop)
+    only launches. C is recomputed on every call: only metadata is cached,
+    never results. `compile_fn(config)` returns (compiled, kernel)."""
 
-    `compile_fn(config)` returns (compiled, kernel); tests and the host-time
-    benchmark pass a stand-in for GPUs that cannot run tcgen05, and on a CPU
-    a `plan_factory` that records instead of launching, with
-    `allow_cpu_tensors`."""
+    plan_class = LaunchPlan
 
-    def __init__(self, compile_fn=None, max_plans: int = 64, plan_factory=None, validate=None,
-                 allow_cpu_tensors: bool = False, config: Optional[TileConfig] = None, choose=None):
+    def __init__(self, compile_fn=None, config: Optional[TileConfig] = None, max_plans: int = 64):
         self.compile_fn = compile_fn or compile_grouped_gemm
-        self.config = config  # a fixed configuration; None: choose(sizes) per shape set
-        self.choose = choose  # None: the B200 cost model's choose_config
+        self.config = config  # a fixed configuration; None: the cost model's choice per shape set
         self.max_plans = max_plans  # beyond it, the oldest plan goes
         self.plans: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
-        self.plan_factory = plan_factory or LaunchPlan
-        self.validate = validate or validate_input
-        self.allow_cpu_tensors = allow_cpu_tensors
         self.hosts: Dict[tuple, HostFunction] = {}
         self.streams: Dict[Tuple[int, int], StreamResources] = {}
 
@@ -1453,7 +1510,7 @@ class GroupedGemmLauncher:
         try:
             key = input_key(data)
         except (TypeError, ValueError):  # not even the input's outline: a verdict
-            self.validate(data)
+            validate_input(data)
             raise
         if config is not None:
             key += (config.name,)
@@ -1461,7 +1518,7 @@ class GroupedGemmLauncher:
         if plan is None:
             plan = self.build(data, key, config)
         # LaunchPlan.launch, inlined: this is the warm path.
-        launch = plan.launchers.get(current_stream_handle(plan.device_index))
+        launch = plan.launch_by_stream.get(current_stream_handle(plan.device_index))
         if launch is None:
             plan.launch()
         else:
@@ -1471,7 +1528,7 @@ class GroupedGemmLauncher:
     def build(self, data, key, config: Optional[TileConfig]):
         shape, words, device_index = self.check_and_gather(data, config or self.config)
         compiled, _ = self.compile_fn(shape.config)
-        plan = self.plan_factory(words, shape, compiled, device_index, self)
+        plan = self.plan_class(words, shape, compiled, device_index, self)
         self.register(plan, key, data)
         return plan
 
@@ -1482,17 +1539,14 @@ class GroupedGemmLauncher:
         try:
             check_group_lengths(data)
             device_index = data[0][0][0].get_device()
-            if device_index >= 0 or self.allow_cpu_tensors:
-                shape = shape_plan(tuple(map(tuple, data[3])), device_index,
-                                   self.num_sms(device_index), config, self.choose)
-                words = gather_tables(data, shape)
+            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config)
+            words = gather_tables(data, shape)
         except (TypeError, ValueError, AttributeError, IndexError):
             words = None
         if words is None:  # not exactly the leaderboard's layout
-            self.validate(data)  # raises, naming the group and the problem
+            validate_input(data)  # raises, naming the group and the problem
             device_index = data[0][0][0].get_device()
-            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config,
-                               self.choose)
+            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config)
             words = gather_tables(data, shape, check=False)
         return shape, words, device_index
 
@@ -1510,7 +1564,11 @@ class GroupedGemmLauncher:
 
     @staticmethod
     def num_sms(device_index: int) -> int:
-        return sm_count(device_index) if device_index >= 0 else SM100_SM_COUNT
+        """The SM count of CUDA device `device_index`; ValueError for a CPU
+        tensor's -1 (then `validate_input` names the group and tensor)."""
+        if device_index < 0:
+            raise ValueError("the input is not on a CUDA device")
+        return sm_count(device_index)
 
     def host_function(self, compiled, device_index: int) -> HostFunction:
         key = (id(compiled), device_index)
@@ -1585,39 +1643,36 @@ def run_portable(data: input_t) -> output_t:
 # =============================================================================
 # Entry point
 # =============================================================================
+# Code paths beside this module's, by compute capability: {(major, minor): (label, run)}.
+# A module that holds one registers it (hopper.py: sm_90) when imported; this
+# file never imports one (the leaderboard copies only this file).
+EXTRA_PATHS: Dict[Tuple[int, int], Tuple[str, Callable[[input_t], output_t]]] = {}
+
+
+def register_path(capability: Tuple[int, int], label: str, run: Callable[[input_t], output_t]) -> None:
+    """Make `run` custom_kernel's path for GPUs of `capability` (not sm_100)."""
+    if capability == (10, 0):
+        raise ValueError("sm_100 runs this module's B200 kernel")
+    EXTRA_PATHS[capability] = (label, run)
+    _path_for_index.cache_clear()
+
+
 def code_path(device: torch.device) -> str:
     """Which implementation `custom_kernel` uses for tensors on `device`."""
     if device.type != "cuda":
         return PATH_PORTABLE
-    return _path_for_index(device.index if device.index is not None else torch.cuda.current_device())
+    return _path_for_index(device.index if device.index is not None else torch.cuda.current_device())[0]
 
 
 @functools.lru_cache(maxsize=None)
-def _path_for_index(index: Optional[int]) -> str:
+def _path_for_index(index: Optional[int]) -> Tuple[str, Optional[Callable]]:
+    """(label, run) of device `index`; run is None for this module's B200 and portable paths."""
     if index is None or index < 0:
-        return PATH_PORTABLE
-    capability = _capability(index)
+        return PATH_PORTABLE, None
+    capability = torch.cuda.get_device_capability(index)
     if capability == (10, 0):
-        return PATH_B200
-    if capability == (9, 0) and _hopper_module() is not None:
-        return PATH_HOPPER
-    return PATH_PORTABLE
-
-
-@functools.lru_cache(maxsize=None)
-def _hopper_module():
-    """The sm_90 kernel (hopper.py beside this file), or None where it is
-    absent: the leaderboard copies only this file, and never runs sm_90."""
-    try:
-        import hopper
-    except ImportError:
-        return None
-    return hopper
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: Optional[int]) -> Tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+        return PATH_B200, None
+    return EXTRA_PATHS.get(capability, (PATH_PORTABLE, None))
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
@@ -1626,23 +1681,23 @@ _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device
 def custom_kernel(data: input_t) -> output_t:
     """Compute every group's C in place and return the list of C tensors.
 
-    Malformed input raises ValueError before anything runs: on the B200 and
-    Hopper paths the launcher checks each new input once (a repeated input
-    was already checked), elsewhere every call validates."""
+    Malformed input raises ValueError before anything runs: on the B200 (and
+    a registered) path the launcher checks each new input once (a repeated
+    input was already checked), elsewhere every call validates."""
     try:
         index = data[0][0][0].get_device()
     except (TypeError, IndexError, KeyError, AttributeError):
         validate_input(data)  # raises the precise error
         raise
-    path = _path_for_index(index)
+    path, run = _path_for_index(index)
     if path == PATH_B200:
         if _current_device() == index:
             return run_b200(data)
         with torch.cuda.device(index):
             return run_b200(data)
-    if path == PATH_HOPPER:
+    if run is not None:
         with torch.cuda.device(index):
-            return _hopper_module().run_sm90(data)
+            return run(data)
     validate_input(data)
     with torch.cuda.device(data[0][0][0].device):
         return run_portable(data)
