@@ -44,3 +44,16 @@ def benchmark_inputs(args: dict) -> list:
             args["seed"] += SEED_STEP
         inputs.append(generate_input(**args))
     return inputs
+
+
+def load_submission():
+    """The submission module with every code path beside it registered:
+    hopper.py, where present, makes itself custom_kernel's sm_90 path when
+    imported (`submission.register_path`); the leaderboard copies only
+    submission.py and runs only its B200 path."""
+    import submission
+    try:
+        import hopper  # noqa: F401  (registers the sm_90 path)
+    except ImportError:
+        pass
+    return submission

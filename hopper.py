@@ -666,6 +666,7 @@ class Sm90GroupedGemmKernel:
 # =============================================================================
 # Compile and launch
 # =============================================================================
+PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (submission.code_path)
 CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS; unset: SM90_CONFIG
 
 
@@ -690,4 +691,4 @@ def run_sm90(data):
     return _launcher(data)
 
 
-submission.register_path((9, 0), "hopper-sm90", run_sm90)
+submission.register_path((9, 0), PATH_HOPPER, run_sm90)

@@ -115,9 +115,9 @@ def test_ptx_has_the_designed_instructions(report, config):
     # (five descriptors: one release copy to global memory and one acquire each)
     releases = re.findall(r"tensormap\.cp_fenceproxy\.global\.shared::cta\.tensormap::generic\.release", ptx)
     acquires = re.findall(r"fence\.proxy\.tensormap::generic\.acquire", ptx)
-    assert len(releases) == len(acquires) == submission.NUM_TENSORMAPS
+    assert len(releases) == len(acquires) == submission.TENSORMAPS_PER_CTA
     # the template descriptors and each published descriptor are prefetched
-    assert len(re.findall(r"prefetch\.tensormap", ptx)) == 2 * submission.NUM_TENSORMAPS
+    assert len(re.findall(r"prefetch\.tensormap", ptx)) == 2 * submission.TENSORMAPS_PER_CTA
     # C staged in shared memory is fenced before the TMA store reads it
     assert "fence.proxy.async.shared::cta" in ptx
     # scale factors copied shared -> tensor memory; accumulator read back from TMEM

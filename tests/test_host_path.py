@@ -1,8 +1,9 @@
 """The B200 host path's plan cache: never stale, bounded, validated once per input.
 
-On the CPU the launcher runs with a recording stand-in for LaunchPlan (no CUDA
-needed); on a CUDA GPU the real LaunchPlan launches a stand-in kernel with the
-B200 kernel's parameters that records the arguments it received."""
+On the CPU the launcher runs as a subclass with a recording stand-in for
+LaunchPlan and an SM count for CPU tensors (no CUDA needed); on a CUDA GPU the
+real LaunchPlan launches a stand-in kernel with the B200 kernel's parameters
+that records the arguments it received."""
 import ctypes
 import gc
 
@@ -14,16 +15,19 @@ from conftest import needs_cuda
 from reference import generate_input
 
 
+CPU_STREAM = 0  # what the CPU launcher's plans file their launch under
+
+
 class RecordingPlan:
     """What LaunchPlan receives, without a GPU: the table words it would copy."""
     built = []
 
-    def __init__(self, words, shape, compiled, device_index, launcher):
+    def __init__(self, words, shape, compiled, device_index, owner):
         self.words, self.shape = words, shape
         self.launches = 0
         self.released = False
         self.device_index = device_index
-        self.launchers = {submission.current_stream_handle(device_index): self.launch}
+        self.launch_by_stream = {CPU_STREAM: self.launch}
         RecordingPlan.built.append(self)
 
     def launch(self):
@@ -33,18 +37,33 @@ class RecordingPlan:
         self.released = True
 
 
-def cpu_launcher(**kwargs):
-    """A launcher on CPU tensors; `validated` counts calls of the full
+class CpuLauncher(submission.GroupedGemmLauncher):
+    """The launcher on CPU tensors: recording plans, and a B200's SM count
+    for device index -1 (the real launcher refuses CPU tensors there)."""
+    plan_class = RecordingPlan
+
+    @staticmethod
+    def num_sms(device_index):
+        return submission.SM100_SM_COUNT
+
+
+@pytest.fixture
+def cpu_launcher(monkeypatch):
+    """A factory of CPU launchers; `validated` counts calls of the full
     validation, which only inputs not exactly in the leaderboard's layout reach."""
-    RecordingPlan.built = []
     validated = []
 
     def validate(data):
         validated.append(1)
         submission.validate_structure(data)
-    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: (None, None), plan_factory=RecordingPlan,
-                                       validate=validate, allow_cpu_tensors=True, **kwargs)
-    return launcher, validated
+    monkeypatch.setattr(submission, "validate_input", validate)
+    monkeypatch.setattr(submission, "current_stream_handle", lambda device_index: CPU_STREAM)
+
+    def make_launcher(**kwargs):
+        RecordingPlan.built = []
+        validated.clear()
+        return CpuLauncher(compile_fn=lambda config: (None, None), **kwargs), validated
+    return make_launcher
 
 
 def make(ms, seed=1):
@@ -52,11 +71,17 @@ def make(ms, seed=1):
     return generate_input(ms, (256,) * g, (512,) * g, g, seed=seed, device="cpu")
 
 
+def table_words(data, config):
+    """The table words of a valid CPU input under `config` (the layout's own computation)."""
+    shape = submission.shape_plan(tuple(map(tuple, data[3])), -1, submission.SM100_SM_COUNT, config)
+    return submission.gather_tables(data, shape, check=False)
+
+
 def expected_words(data):
-    return submission.pack_metadata(data, submission.choose_config(data[3]))[0]
+    return table_words(data, submission.choose_config(data[3]))
 
 
-def test_reused_inputs_reuse_their_plan_and_are_checked_once():
+def test_reused_inputs_reuse_their_plan_and_are_checked_once(cpu_launcher):
     launcher, validated = cpu_launcher()
     inputs = [make((64, 200), seed=s) for s in range(3)]
     for _ in range(4):
@@ -69,7 +94,7 @@ def test_reused_inputs_reuse_their_plan_and_are_checked_once():
     assert [p.words for p in RecordingPlan.built] == [expected_words(d) for d in inputs]
 
 
-def test_freed_inputs_drop_their_plan_even_at_reused_addresses():
+def test_freed_inputs_drop_their_plan_even_at_reused_addresses(cpu_launcher):
     launcher, _ = cpu_launcher()
     data = make((64, 200))
     launcher(data)
@@ -87,7 +112,7 @@ def test_freed_inputs_drop_their_plan_even_at_reused_addresses():
         gc.collect()
 
 
-def test_cloned_inputs_get_their_own_plan():
+def test_cloned_inputs_get_their_own_plan(cpu_launcher):
     launcher, validated = cpu_launcher()
     data = make((64, 200))
     clone = tuple([tuple(t.clone() for t in g) for g in part] if i < 3 else list(part)
@@ -99,7 +124,7 @@ def test_cloned_inputs_get_their_own_plan():
     assert RecordingPlan.built[1].words == expected_words(clone)
 
 
-def test_a_group_list_that_changes_length_is_another_input():
+def test_a_group_list_that_changes_length_is_another_input(cpu_launcher):
     launcher, _ = cpu_launcher()
     data = make((64, 200, 96))
     shorter = tuple(part[:2] for part in data)
@@ -109,7 +134,7 @@ def test_a_group_list_that_changes_length_is_another_input():
     assert RecordingPlan.built[1].words == expected_words(shorter)
 
 
-def test_a_replaced_tensor_is_another_input():
+def test_a_replaced_tensor_is_another_input(cpu_launcher):
     launcher, _ = cpu_launcher()
     data = make((64, 200))
     launcher(data)
@@ -120,7 +145,7 @@ def test_a_replaced_tensor_is_another_input():
     assert RecordingPlan.built[1].words == expected_words(data)
 
 
-def test_the_cache_is_bounded():
+def test_the_cache_is_bounded(cpu_launcher):
     launcher, _ = cpu_launcher(max_plans=4)
     inputs = [make((64,), seed=s) for s in range(7)]
     for data in inputs:
@@ -130,7 +155,7 @@ def test_the_cache_is_bounded():
     assert [p.released for p in RecordingPlan.built] == [True] * 3 + [False] * 4
 
 
-def test_bad_input_is_rejected_before_any_plan():
+def test_bad_input_is_rejected_before_any_plan(cpu_launcher):
     launcher, _ = cpu_launcher()
     data = make((64, 200))
     bad = (data[0], data[1], data[2], [(64, 256, 384, 1), data[3][1]])
@@ -161,7 +186,7 @@ def mutations(data):
 
 
 @pytest.mark.parametrize("what", [m[0] for m in mutations(make((64, 200)))])
-def test_the_one_pass_check_leaves_every_bad_input_to_validation(what):
+def test_the_one_pass_check_leaves_every_bad_input_to_validation(what, cpu_launcher):
     data = make((64, 200))
     _, bad, message = next(m for m in mutations(data) if m[0] == what)
     launcher, validated = cpu_launcher()
@@ -170,7 +195,7 @@ def test_the_one_pass_check_leaves_every_bad_input_to_validation(what):
     assert len(validated) == 1 and not launcher.plans and not RecordingPlan.built
 
 
-def test_an_input_validation_accepts_but_the_one_pass_check_does_not_is_served():
+def test_an_input_validation_accepts_but_the_one_pass_check_does_not_is_served(cpu_launcher):
     # The stride of an extent-1 dimension is free: validate_input accepts it,
     # the one-pass check compares strides exactly and hands the input over.
     data = make((64, 200))
@@ -183,10 +208,11 @@ def test_an_input_validation_accepts_but_the_one_pass_check_does_not_is_served()
     assert RecordingPlan.built[0].words == expected_words(data)
 
 
-def test_pack_metadata_layout():
+def test_table_layout():
     data = make((64, 200, 40))
     for config in submission.TILE_CONFIGS.values():
-        words, abc_at, sf_at, sizes_at = submission.pack_metadata(data, config)
+        words = table_words(data, config)
+        abc_at, sf_at, sizes_at = submission.table_offsets(len(data[3]))
         assert (abc_at, sf_at, sizes_at) == (0, 10, 16)  # 16-byte aligned parts for G = 3
         for g, ((a, b, c), (sfa, sfb), size) in enumerate(zip(data[0], data[2], data[3])):
             first, second = (b, a) if config.swap_ab else (a, b)
@@ -260,9 +286,9 @@ def recorded(launcher, data):
 
 def expected_record(data):
     config = submission.choose_config(data[3])
-    sizes, tiles, ctas = submission.launch_plan(data[3], config,
-                                                torch.cuda.get_device_properties(0).multi_processor_count)
-    return [len(sizes), tiles, ctas, sizes[-1][2], data[0][-1][2].data_ptr()]
+    tiles = submission.tile_count(data[3], config)
+    ctas = submission.persistent_ctas(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
+    return [len(data[3]), tiles, ctas, data[3][-1][2], data[0][-1][2].data_ptr()]
 
 
 @needs_cuda
@@ -285,7 +311,7 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
         launcher(data)  # same plan, another stream, that stream's workspace
         assert recorded(launcher, data) == expected_record(data)
     plan = launcher.plans[submission.input_key(data)]
-    assert plan.shared
+    assert plan.used_on_other_stream
     del data, plan
     gc.collect()
     data = generate_input((64,), (128,), (256,), 1, seed=9)
@@ -301,3 +327,10 @@ def test_gpu_launcher_uses_the_direct_argument_path_where_the_release_allows():
     host = submission.HostFunction(compiled, torch.cuda.current_device())
     assert (host.capi is not None) == submission.argument_layout_matches(compiled)
     print("direct host arguments:", host.capi is not None)
+
+
+def test_the_real_launcher_refuses_cpu_tensors_with_the_group_named():
+    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: (None, None))
+    with pytest.raises(ValueError, match="group 0: a is on cpu, expected a CUDA device"):
+        launcher(make((64, 200)))
+    assert not launcher.plans
