@@ -466,13 +466,11 @@ class Sm90GroupedGemmKernel:
         cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
-        loaded_group = cutlass.Int32(-1)
         while scheduler.has_work():
             work = scheduler.current()
-            if work.group != loaded_group:
+            if work.new_group:
                 tensormaps.for_group((self.group_tokens(problem_sizes, work.group, scratch),
                                       self.group_weights(problem_sizes, work.group, abc_ptrs)))
-                loaded_group = work.group
             # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
             sfb_base = sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
             for k_tile in cutlass.range(0, work.k_tiles, 1, unroll=1):

@@ -327,11 +327,14 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
 
 
 class WorkTile(NamedTuple):
-    """One tile of D': its group, M'- and N'-tile indices, and the group's K stages."""
+    """One tile of D': its group, M'- and N'-tile indices, the group's K
+    stages, and whether the group differs from this CTA's previous tile's (or
+    it is the CTA's first tile): a role's descriptors then need rewriting."""
     group: object
     m_tile: object
     n_tile: object
     k_tiles: object
+    new_group: object
 
 
 class TileScheduler:
@@ -367,10 +370,12 @@ class TileScheduler:
 
     def current(self) -> WorkTile:
         tile_m, tile_n, tile_k = self.tile_mnk
+        first_tile = self.tile < self.stride
         group, self.group_first_tile, m_tile, n_tile = locate_tile(
             self.problem_sizes, tile_m, tile_n, self.tile, self.group, self.group_first_tile)
+        new_group = (group != self.group) | first_tile
         self.group = group
-        return WorkTile(group, m_tile, n_tile, self.problem_sizes[group, 2] // tile_k)
+        return WorkTile(group, m_tile, n_tile, self.problem_sizes[group, 2] // tile_k, new_group)
 
     def advance(self) -> None:
         self.tile = self.tile + self.stride
@@ -781,12 +786,10 @@ class Sm100GroupedGemmKernel:
 
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
-        loaded_group = cutlass.Int32(-1)
         while scheduler.has_work():
             work = scheduler.current()
-            if work.group != loaded_group:
+            if work.new_group:
                 tensormaps.for_group(self.group_tensors(problem_sizes, work.group, abc_ptrs, sf_ptrs))
-                loaded_group = work.group
             # (source ((ATOM_V, REST_V), REST_K), stage destination) per tensor, in descriptor order
             loads = ((tma_atom_a, tAgA[(None, work.m_tile, None, 0)], tAsA),
                      (tma_atom_b, tBgB[(None, work.n_tile, None, 0)], tBsB),
@@ -931,21 +934,19 @@ class Sm100GroupedGemmKernel:
 
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
-        stored_group = cutlass.Int32(-1)
         subtiles_done = cutlass.Int32(0)
         while scheduler.has_work():
             work = scheduler.current()
-            if work.group != stored_group:  # rewritten while the accumulator fills, published once it is full
+            if work.new_group:  # rewritten while the accumulator fills, published once it is full
                 tensormaps.rewrite((self.group_output(problem_sizes, work.group, abc_ptrs),))
             # ((ATOM_V, REST_V), EPI_M x EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, work.m_tile, work.n_tile, 0)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
             tTR_tAcc = cute.group_modes(tTR_tAcc_base[(None, None, None, None, None, acc_state.index)], 3, 5)
             acc_pipeline.consumer_wait(acc_state)
-            if work.group != stored_group:
+            if work.new_group:
                 if leader:
                     tensormaps.publish()
-                stored_group = work.group
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             for subtile in cutlass.range(num_subtiles):
                 cute.copy(copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)

@@ -163,7 +163,8 @@ c1, _ = submission.compile_grouped_gemm(config)
 plans = []
 for sizes in (first, second, third):
     c, _ = submission.compile_grouped_gemm(config)
-    plans.append([c is c1, submission.launch_plan(sizes, config, 148)[1:]])
+    shape = submission.shape_plan(tuple(sizes), 0, 148, config)
+    plans.append([c is c1, [shape.tiles, shape.ctas]])
 print(json.dumps({"compiles": len(calls), "plans": plans, "cached": len(submission._compiled)}))
 """
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT,

@@ -212,9 +212,9 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
     assert shape.tiles == 2 + 3 and shape.ctas == 5
 
 
-def _kernel_ptx(configs) -> dict:
+def _kernel_ptx(configs, dump_dir) -> dict:
     """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
-    process (the DSL takes its target at first use)."""
+    process (the DSL takes its target at first use), files kept in `dump_dir`."""
     script = ("import sys, json, hopper, submission, eval\n"
               "configs = {c.name: c for c in hopper.SM90_DIAGNOSTICS + tuple(hopper.SM90_CONFIGS.values())}\n"
               "out = {}\n"
@@ -226,19 +226,19 @@ def _kernel_ptx(configs) -> dict:
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,
                           capture_output=True, text=True, timeout=1800,
                           env=dict(env_for("installed"), CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
-                                   CUTE_DSL_KEEP_PTX="1"))
+                                   CUTE_DSL_KEEP_PTX="1", CUTE_DSL_DUMP_DIR=str(dump_dir)))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_every_timing_diagnostic_changes_the_default_forms_code():
+def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     """`eval.py sweep --diagnose` variants (wrong results by design, timing only):
     each is the default form with one part left out, and its PTX shows it."""
     assert [c.diagnostic for c in hopper.SM90_DIAGNOSTICS] == list(hopper.DIAGNOSTICS)
     assert all(dataclasses.replace(c, name=hopper.SM90_CONFIG.name, diagnostic="") == hopper.SM90_CONFIG
                for c in hopper.SM90_DIAGNOSTICS)
     assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
-    ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS)
+    ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS, tmp_path)
     base = ptx.pop(hopper.SM90_CONFIG.name)
     count = lambda pattern, text: len(re.findall(pattern, text))
     for name, text in ptx.items():
