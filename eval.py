@@ -727,11 +727,9 @@ def environment_line() -> tuple:
     path = submission.code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
-    if path != submission.PATH_PORTABLE:
-        return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
-                f"running the registered path for it instead [{path}].", True)
+    which = "the Hopper kernel of hopper.py" if path.startswith("hopper") else "the portable path of portable.py"
     return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
-            f"running the portable path instead [{path}].", True)
+            f"running {which} instead [{path}].", True)
 
 
 def progress_line(text: str):
@@ -814,13 +812,13 @@ def self_check_reference(cases: list) -> list:
     submission's portable dequantization (literal table, blocked scales)."""
     import torch
     from reference import generate_input, ref_kernel
-    import submission
+    import portable
     rows = []
     for i, case in enumerate(cases):
         progress_line(f"reference self-check {i + 1}/{len(cases)}")
         data = generate_input(**case.args, device="cpu")
         expected = ref_kernel(data)
-        got = submission.run_portable(clone_data(data))
+        got = portable.run_portable(clone_data(data))
         same = all(torch.equal(e, g) for e, g in zip(expected, got))
         rows.append({"kind": "test", "index": i, "spec": case.spec, "ok": same,
                      "message": "" if same else "reference and portable dequantization differ"})
@@ -921,11 +919,11 @@ def grouped_operands(data):
     """(A of all groups stacked, B as (G, K, N) with K contiguous, M offsets):
     `torch._grouped_mm`'s operands, bf16, from an input with one N and K."""
     import torch
-    import submission
+    import portable
     abc, _, sf_reordered, sizes = data
-    a = torch.cat([submission.dequantize_bf16(a, sfa, m, k)
+    a = torch.cat([portable.dequantize_bf16(a, sfa, m, k)
                    for (a, _, _), (sfa, _), (m, _, k, _) in zip(abc, sf_reordered, sizes)])
-    b = torch.stack([submission.dequantize_bf16(b, sfb, n, k)
+    b = torch.stack([portable.dequantize_bf16(b, sfb, n, k)
                      for (_, b, _), (_, sfb), (_, n, k, _) in zip(abc, sf_reordered, sizes)])
     offsets = torch.tensor(list(itertools.accumulate(m for m, _, _, _ in sizes)),
                            dtype=torch.int32, device=a.device)
@@ -949,6 +947,7 @@ def print_peers(cases: list, rows: list) -> None:
     already in bf16, dequantize-then-_grouped_mm, and the portable path, all
     timed the same way in this run; TFLOP/s and % of the measured bf16 peak."""
     import torch
+    import portable
     submission = load_submission()
     if not hasattr(torch, "_grouped_mm"):
         print("\nPeers skipped: this torch has no torch._grouped_mm.")
@@ -975,9 +974,9 @@ def print_peers(cases: list, rows: list) -> None:
         except RuntimeError as error:  # e.g. alignment rules of this torch's grouped GEMM
             print(f"  {row['index']:>2} torch._grouped_mm refused: {str(error)[:200]}")
             continue
-        portable = time_loop_us(submission.run_portable, inputs, samples=5)
+        portable_us = time_loop_us(portable.run_portable, inputs, samples=5)
         tflops = flops / (ours * 1e-6) / 1e12
-        print(f"  {row['index']:>2} {ours:>9.2f} {gmm:>11.2f} {deq:>9.2f} {portable:>9.2f} "
+        print(f"  {row['index']:>2} {ours:>9.2f} {gmm:>11.2f} {deq:>9.2f} {portable_us:>9.2f} "
               f"{tflops:>12.1f} {100 * tflops / peak:>6.1f}% {gmm / ours:>6.2f}x  {short_spec(sizes)}  [{path}]")
 
 

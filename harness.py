@@ -47,11 +47,13 @@ def benchmark_inputs(args: dict) -> list:
 
 
 def load_submission():
-    """The submission module with every code path beside it registered:
-    hopper.py, where present, makes itself custom_kernel's sm_90 path when
-    imported (`submission.register_path`); the leaderboard copies only
-    submission.py and runs only its B200 path."""
+    """The submission module with the code paths beside it registered:
+    hopper.py (sm_90) where present, and portable.py (any other CUDA GPU).
+    Each makes itself a custom_kernel path when imported
+    (`submission.register_path`); the leaderboard copies only submission.py
+    and runs only its B200 path."""
     import submission
+    import portable  # noqa: F401  (registers the path of GPUs without a kernel)
     try:
         import hopper  # noqa: F401  (registers the sm_90 path)
     except ImportError:

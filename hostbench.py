@@ -167,7 +167,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     config = None  # the B200 cost model's choice per shape set
     if path == submission.PATH_B200:
         compile_fn, kernel = submission.compile_grouped_gemm, "B200 kernel"
-    elif path != submission.PATH_PORTABLE:  # hopper.py's (the only registered path)
+    elif path.startswith("hopper"):
         import hopper
         compile_fn, config, kernel = submission.compile_grouped_gemm, hopper.SM90_CONFIG, "Hopper kernel (hopper.py)"
     else:

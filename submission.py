@@ -136,7 +136,6 @@ N_MULTIPLE = 128
 K_MULTIPLE = 256
 
 PATH_B200 = "b200-tcgen05"
-PATH_PORTABLE = "portable-torch"
 
 
 def check_sm100_warp_roles() -> None:
@@ -1592,66 +1591,19 @@ def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
 
 
 # =============================================================================
-# Portable path (any CUDA GPU without tcgen05)
-# =============================================================================
-# E2M1 codes 0..15: sign bit 3, then magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def plain_scale_factors(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
-    """[32, 4, RB, 4, KB, 1] blocked view -> [rows, K/16] (row r = 128 rb + 32 i4 + i32,
-    scale column j = 4 kb + j4)."""
-    row_blocks, k_blocks = blocked.shape[2], blocked.shape[4]
-    plain = blocked[..., 0].permute(2, 1, 0, 4, 3).reshape(row_blocks * 128, k_blocks * 4)
-    return plain[:rows, : k // SF_VEC_SIZE]
-
-
-def dequantize_bf16(packed: torch.Tensor, blocked_sf: torch.Tensor, rows: int, k: int) -> torch.Tensor:
-    """[rows, K/2, 1] FP4 and its blocked scale factors -> exact [rows, K] bf16."""
-    table = torch.tensor(_E2M1_VALUES, dtype=torch.bfloat16, device=packed.device)
-    codes = packed[:, :, 0].view(torch.uint8)
-    nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(rows, k).long()
-    scales = plain_scale_factors(blocked_sf, rows, k).to(torch.bfloat16)
-    return table[nibbles] * scales.repeat_interleave(SF_VEC_SIZE, dim=1)
-
-
-def _matmul_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
-    """a @ b_t with fp32 accumulation and fp32 result."""
-    if a.is_cuda:
-        try:
-            return torch.mm(a, b_t, out_dtype=torch.float32)
-        except (TypeError, RuntimeError):
-            pass  # older torch: no mm(out_dtype=...)
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        return a.float() @ b_t.float()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@torch.no_grad()
-def run_portable(data: input_t) -> output_t:
-    abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
-    for (a, b, c), (sfa_r, sfb_r), (m, n, k, _) in zip(abc_tensors, sfasfb_reordered_tensors, problem_sizes):
-        a_bf16 = dequantize_bf16(a, sfa_r, m, k)
-        b_bf16 = dequantize_bf16(b, sfb_r, n, k)
-        c[:, :, 0].copy_(_matmul_fp32(a_bf16, b_bf16.t()))
-    return [c for _, _, c in abc_tensors]
-
-
-# =============================================================================
 # Entry point
 # =============================================================================
-# Code paths beside this module's, by compute capability: {(major, minor): (label, run)}.
-# A module that holds one registers it (hopper.py: sm_90) when imported; this
-# file never imports one (the leaderboard copies only this file).
-EXTRA_PATHS: Dict[Tuple[int, int], Tuple[str, Callable[[input_t], output_t]]] = {}
+# Code paths beside this module's B200 kernel: {(major, minor) or None: (label, run)};
+# None serves any CUDA GPU without a path of its own. A module holding one registers
+# it when imported (hopper.py: sm_90; portable.py: None); this file never imports one
+# (the leaderboard copies only this file, and runs only its B200 path).
+EXTRA_PATHS: Dict[Optional[Tuple[int, int]], Tuple[str, Callable[[input_t], output_t]]] = {}
+PATH_NONE = "none"  # a GPU that is not a B200, with no path registered for it
 
 
-def register_path(capability: Tuple[int, int], label: str, run: Callable[[input_t], output_t]) -> None:
-    """Make `run` custom_kernel's path for GPUs of `capability` (not sm_100)."""
+def register_path(capability: Optional[Tuple[int, int]], label: str, run: Callable[[input_t], output_t]) -> None:
+    """Make `run` custom_kernel's path for GPUs of `capability` (None: every
+    GPU without a path of its own); `run` validates its input itself."""
     if capability == (10, 0):
         raise ValueError("sm_100 runs this module's B200 kernel")
     EXTRA_PATHS[capability] = (label, run)
@@ -1659,21 +1611,20 @@ def register_path(capability: Tuple[int, int], label: str, run: Callable[[input_
 
 
 def code_path(device: torch.device) -> str:
-    """Which implementation `custom_kernel` uses for tensors on `device`."""
+    """The label of the implementation `custom_kernel` uses for tensors on `device`."""
     if device.type != "cuda":
-        return PATH_PORTABLE
+        return PATH_NONE
     return _path_for_index(device.index if device.index is not None else torch.cuda.current_device())[0]
 
 
 @functools.lru_cache(maxsize=None)
-def _path_for_index(index: Optional[int]) -> Tuple[str, Optional[Callable]]:
-    """(label, run) of device `index`; run is None for this module's B200 and portable paths."""
-    if index is None or index < 0:
-        return PATH_PORTABLE, None
+def _path_for_index(index: int) -> Tuple[str, Optional[Callable]]:
+    """(label, run) for CUDA device `index`; run is None for the B200 kernel
+    and where nothing is registered."""
     capability = torch.cuda.get_device_capability(index)
     if capability == (10, 0):
         return PATH_B200, None
-    return EXTRA_PATHS.get(capability, (PATH_PORTABLE, None))
+    return EXTRA_PATHS.get(capability) or EXTRA_PATHS.get(None) or (PATH_NONE, None)
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
@@ -1682,23 +1633,24 @@ _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device
 def custom_kernel(data: input_t) -> output_t:
     """Compute every group's C in place and return the list of C tensors.
 
-    Malformed input raises ValueError before anything runs: on the B200 (and
-    a registered) path the launcher checks each new input once (a repeated
-    input was already checked), elsewhere every call validates."""
+    Malformed input raises ValueError before anything runs: the launcher
+    checks each new input once (a repeated input was already checked); a
+    registered path checks its own."""
     try:
         index = data[0][0][0].get_device()
     except (TypeError, IndexError, KeyError, AttributeError):
         validate_input(data)  # raises the precise error
         raise
+    if index < 0:
+        validate_input(data)  # raises: not on a CUDA device
     path, run = _path_for_index(index)
     if path == PATH_B200:
         if _current_device() == index:
             return run_b200(data)
         with torch.cuda.device(index):
             return run_b200(data)
-    if run is not None:
-        with torch.cuda.device(index):
-            return run(data)
-    validate_input(data)
-    with torch.cuda.device(data[0][0][0].device):
-        return run_portable(data)
+    if run is None:
+        raise RuntimeError(f"{torch.cuda.get_device_name(index)} is not a B200 and no code path is registered "
+                           "for it: import hopper (sm_90) or portable (any CUDA GPU) first")
+    with torch.cuda.device(index):
+        return run(data)

@@ -68,7 +68,7 @@ def test_custom_kernel_on_random_contract_shapes(seed):
 def test_code_path_label():
     capability = torch.cuda.get_device_capability()
     hopper_label = importlib.import_module("hopper").PATH_HOPPER  # conftest imported it: the path is registered
-    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_label}.get(capability, submission.PATH_PORTABLE)
+    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_label}.get(capability, "portable-torch")
     assert submission.code_path(torch.device("cuda")) == expected
 
 

@@ -191,7 +191,7 @@ def test_sm90_goes_to_the_registered_hopper_kernel_and_falls_back_without_it(mon
         assert submission._path_for_index(0) == (hopper.PATH_HOPPER, hopper.run_sm90)
         submission._path_for_index.cache_clear()
         monkeypatch.setattr(submission, "EXTRA_PATHS", {})  # hopper.py absent (the leaderboard)
-        assert submission._path_for_index(0) == (submission.PATH_PORTABLE, None)
+        assert submission._path_for_index(0) == (submission.PATH_NONE, None)
         submission._path_for_index.cache_clear()
         capability[0] = (10, 0)
         assert submission._path_for_index(0) == (submission.PATH_B200, None)
@@ -199,7 +199,7 @@ def test_sm90_goes_to_the_registered_hopper_kernel_and_falls_back_without_it(mon
             submission.register_path((10, 0), "other", lambda data: None)
     finally:
         submission._path_for_index.cache_clear()
-    assert submission.code_path(torch.device("cpu")) == submission.PATH_PORTABLE
+    assert submission.code_path(torch.device("cpu")) == submission.PATH_NONE
 
 
 def test_the_launcher_uses_the_hopper_tile_for_its_tables():

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import portable
 import submission
 from conftest import TEST_CASES
 from reference import generate_input, ref_kernel
@@ -9,22 +10,22 @@ from reference import generate_input, ref_kernel
 
 def test_plain_scale_factors_undo_the_blocked_layout(cpu_data):
     for (sfa, sfb), (sfa_r, sfb_r), (m, n, k, _) in zip(cpu_data[1], cpu_data[2], cpu_data[3]):
-        assert torch.equal(submission.plain_scale_factors(sfa_r, m, k).view(torch.uint8),
+        assert torch.equal(portable.plain_scale_factors(sfa_r, m, k).view(torch.uint8),
                            sfa[:, :, 0].view(torch.uint8))
-        assert torch.equal(submission.plain_scale_factors(sfb_r, n, k).view(torch.uint8),
+        assert torch.equal(portable.plain_scale_factors(sfb_r, n, k).view(torch.uint8),
                            sfb[:, :, 0].view(torch.uint8))
 
 
 def test_e2m1_table_matches_every_code():
     from reference import e2m1_value
-    assert [float(v) for v in submission._E2M1_VALUES] == [e2m1_value(i) for i in range(16)]
+    assert [float(v) for v in portable._E2M1_VALUES] == [e2m1_value(i) for i in range(16)]
 
 
 @pytest.mark.parametrize("case", TEST_CASES, ids=lambda c: c.spec)
 def test_portable_path_matches_reference_exactly(case):
     data = generate_input(**case.args, device="cpu")
     expected = ref_kernel(data)
-    got = submission.run_portable(data)
+    got = portable.run_portable(data)
     assert [c.data_ptr() for c in got] == [c.data_ptr() for _, _, c in data[0]]  # in place
     assert all(torch.equal(e, g) for e, g in zip(expected, got))
 
@@ -32,8 +33,9 @@ def test_portable_path_matches_reference_exactly(case):
 def test_portable_path_with_m_1_33_129():
     data = generate_input((1, 33, 129), (128, 256, 128), (256, 512, 768), 3, seed=4, device="cpu")
     expected = ref_kernel(data)
-    assert all(torch.equal(e, g) for e, g in zip(expected, submission.run_portable(data)))
+    assert all(torch.equal(e, g) for e, g in zip(expected, portable.run_portable(data)))
 
 
-def test_code_path_on_the_cpu_is_portable():
-    assert submission.code_path(torch.device("cpu")) == submission.PATH_PORTABLE
+def test_portable_registers_itself_for_gpus_without_a_path():
+    assert submission.EXTRA_PATHS[None] == (portable.PATH_PORTABLE, portable.run_on_gpu)
+    assert submission.code_path(torch.device("cpu")) == submission.PATH_NONE  # custom_kernel refuses CPU tensors
