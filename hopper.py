@@ -411,11 +411,13 @@ class Sm90GroupedGemmKernel:
         cute.arch.sync_threads()  # barriers initialized
 
         layouts = self.make_layouts()
+        # every role walks the same tiles, each with its own copy of this state
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         if warp_idx == self.roles.producer_warp:
-            self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, producer_maps,
+            self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, scheduler, producer_maps,
                           mA, mB, scratch_address(tensormaps, grid_z))
         if warp_idx < self.roles.producer_warp:
-            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx)
+            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx)
 
     @cute.jit
     def group_tokens(self, problem_sizes: cute.Tensor, group, scratch):
@@ -440,7 +442,7 @@ class Sm90GroupedGemmKernel:
     # The producer warp (last warp; `WarpRoles.producer_warp`)
     # -------------------------------------------------------------------------
     @cute.jit
-    def producer(self, layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, total_tiles, tensormaps,
+    def producer(self, layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, scheduler, tensormaps,
                  mA, mB, scratch):
         """Per stage: TMA the tile's fp16 tokens (the pre-pass's, in `scratch`)
         and packed B, bulk-copy its SFB."""
@@ -465,7 +467,6 @@ class Sm90GroupedGemmKernel:
         # complete and visible only past this wait (nothing else in the kernel reads it)
         cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
-        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         while scheduler.has_work():
             work = scheduler.current()
             if work.new_group:
@@ -526,7 +527,7 @@ class Sm90GroupedGemmKernel:
 
 
     @cute.jit
-    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, total_tiles, tidx):
+    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx):
         """Warpgroup w dequantizes rows 64w .. 64w + 63 of each TMA stage's B
         (packed weights and SFB) into wgmma A fragments and multiplies them by
         the stage's fp16 tokens: the C^T tile. Two register buffers: a stage is
@@ -548,7 +549,6 @@ class Sm90GroupedGemmKernel:
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
-        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         while scheduler.has_work():
             work = scheduler.current()
             acc.fill(0.0)
