@@ -522,8 +522,7 @@ class Sm90GroupedGemmKernel:
                     column = packed_column(r, kb, self.packed_k_bytes, swizzle_bits)
                     packed = blocks[r, column]  # one 8-byte load: K 16 kb .. 16 kb + 15
                     for j in cutlass.range_constexpr(2):
-                        frag32[dr + 2 * j + 4 * kb] = dequant_pair(cutlass.Uint32(packed >> (32 * j)) * to_pair,
-                                                                   scale)
+                        frag32[dr + 2 * j + 4 * kb] = dequant_pair(cutlass.Uint32(packed >> (32 * j)) * to_pair, scale)
 
 
     @cute.jit

@@ -1,18 +1,16 @@
 """NVFP4 block-scaled grouped GEMM for NVIDIA B200 (GPU MODE `nvfp4_group_gemm`).
 
-For each group i of G (sizes M, N, K, L=1 read from `data`):
+For each group (sizes M, N, K, L=1 from `data`; the contract: docs/contract.md):
 
     C[m, n] = fp16( sum_k a(m, k) * sfa(m, k // 16) * b(n, k) * sfb(n, k // 16) )
 
-a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 scale factors in the
-tcgen05 "blocked" layout (`sfasfb_reordered_tensors`), fp32 accumulation, fp16
-C written in place (the contract: docs/contract.md). Input constraints, checked
-before anything is launched (`validate_input`; a violation raises ValueError
-naming the group): at least one group, the four lists of equal length, L == 1,
-M >= 1, N a multiple of 128, K a multiple of 256, dtypes, shapes and strides as
-the leaderboard makes them, every tensor on one CUDA device, 16-byte aligned.
-On sm_100 `custom_kernel` runs the kernel below; other GPUs get the paths that
-other modules register (`register_path`; hopper.py, portable.py).
+a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 in the tcgen05
+"blocked" layout (`sfasfb_reordered_tensors`), fp32 accumulation, fp16 C in
+place. Checked before any launch (`validate_input`: ValueError naming the
+group): the four lists of one length >= 1, L == 1, M >= 1, N a multiple of 128,
+K of 256, the leaderboard's dtypes, shapes and strides, one CUDA device,
+16-byte alignment. On sm_100 `custom_kernel` runs the kernel below; other GPUs
+get the paths other modules register (`register_path`: hopper.py, portable.py).
 
 The B200 kernel (`Sm100GroupedGemmKernel`) computes per group D' = A' B'^T,
 A' (M' x K) and B' (N' x K) K-major FP4 with blocked scale factors, D' fp16.
@@ -74,9 +72,7 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 
 from task import input_t, output_t
 
-# =============================================================================
-# Configuration
-# =============================================================================
+# ==== Configuration ==================================================================================================
 AB_DTYPE = cutlass.Float4E2M1FN
 SF_DTYPE = cutlass.Float8E4M3FN
 C_DTYPE = cutlass.Float16
@@ -184,9 +180,7 @@ def persistent_ctas(tiles: int, num_sms: int) -> int:
     return max(1, min(tiles, num_sms))
 
 
-# =============================================================================
-# Cost model: which configuration for which problem sizes
-# =============================================================================
+# ==== Cost model: which configuration for which problem sizes ========================================================
 # Assumptions (B200 at the problem statement's 1.5 GHz; all are model inputs,
 # none was measured by this project):
 MODEL_DRAM_BYTES_PER_S = 7.68e12  # reproduces the statement's four speeds of light
@@ -270,18 +264,14 @@ def stage_bytes(config: TileConfig) -> int:
     return (m + n) * k // 2 + sf
 
 
-# =============================================================================
-# Tile scheduler
-# =============================================================================
+# ==== Tile scheduler =================================================================================================
 @cute.jit
 def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                 tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
-    """Linear tile index `tile` -> (group, group_first_tile, m'-tile, n'-tile),
-    where `group_first_tile` is the first linear index of `group`. Tiles are
-    numbered group by group, M' tiles fastest. The search starts from the
-    (group, group_first_tile) of the caller's previous tile, since a CTA's
-    tiles only move forward; `problem_sizes` is the run-time (G, 4) table
-    M', N', K, L."""
+    """Linear tile index -> (group, its first linear tile, m'-tile, n'-tile): tiles
+    numbered group by group, M' tiles fastest, in the run-time (G, 4) table
+    M', N', K, L. The search resumes at the caller's previous tile's group (a
+    CTA's tiles only move forward)."""
     tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
     group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     while tile >= group_end:
@@ -365,21 +355,16 @@ class TileScheduler:
                              *(cutlass.Int32(v) for v in values))
 
 
-# =============================================================================
-# TMA descriptors: one CTA's, rewritten when a role moves to another group
-# =============================================================================
+# ==== TMA descriptors: one CTA's, rewritten when a role moves to another group =======================================
 @dataclasses.dataclass(frozen=True)
 class CtaTensormaps:
-    """The TMA descriptors of one warp role of this CTA (the B200 kernel's
-    producer: A', B', SFA', SFB'; its epilogue: D'; the Hopper kernel's
-    producer: A, B). Each has a shared-memory copy, which `warp` rewrites for
-    a new group's tensors, and a home in the global workspace (slots
-    `first_slot`.. of this CTA's row), which the TMA operations name.
-
-    A role moving to another group calls `rewrite`, then `publish` before its
-    first copy through them (`for_group` does both back to back; the B200
-    epilogue rewrites before waiting for its accumulator and publishes after).
-    Frozen: the DSL then treats it as read-only inside dynamic loops."""
+    """One warp role's TMA descriptors in this CTA (B200 producer: A', B', SFA',
+    SFB'; epilogue: D'; Hopper producer: A, B): each a shared-memory copy that
+    `warp` rewrites for a new group, and a home in the global workspace (slots
+    `first_slot`.. of this CTA's row) that the TMA operations name. A role
+    moving to another group calls `rewrite`, then `publish` before its first
+    copy (`for_group`: both; the B200 epilogue publishes once its accumulator
+    is full). Frozen: the DSL treats it as read-only in dynamic loops."""
     atoms: tuple
     warp: int
     manager: object
@@ -396,9 +381,9 @@ class CtaTensormaps:
                              tuple(manager.get_tensormap_ptr(workspace[(bidz, i, None)].iterator) for i in slots))
 
     def init_from_atoms(self, prefetch_atoms: bool = False) -> None:
-        """The shared-memory copies start as the compiled atoms' descriptors;
-        with `prefetch_atoms`, each atom's own descriptor (a kernel parameter)
-        is prefetched as its copy starts (interleaved: fewer live registers)."""
+        """The shared-memory copies start as the atoms' descriptors; `prefetch_atoms`
+        prefetches each atom's (a kernel parameter) as its copy starts (interleaved:
+        fewer live registers)."""
         for atom, smem in zip(self.atoms, self.smem):  # unrolled while tracing
             if prefetch_atoms:
                 cpasync.prefetch_descriptor(atom)
@@ -408,9 +393,8 @@ class CtaTensormaps:
         self.manager.update_tensormap(tuple(tensors), self.atoms, self.gmem, self.warp, self.smem)
 
     def publish(self) -> None:
-        """Copy to global memory with a release fence, acquire, and prefetch
-        each into the TMA unit's cache (`prefetch.tensormap`; DSL releases
-        without `cute.arch.prefetch`, 4.3.x, skip that hint)."""
+        """Copy to global memory (release), acquire, and prefetch each (a hint
+        that DSL 4.3.x, without `cute.arch.prefetch`, skips)."""
         prefetch = getattr(cute.arch, "prefetch", None)
         for gmem in self.gmem:
             self.manager.fence_tensormap_update(gmem)
@@ -427,10 +411,8 @@ class CtaTensormaps:
 
 
 def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas):
-    """The host function's pointer arguments as tensors (called while tracing
-    a kernel's host function; the Hopper kernel of hopper.py shares it):
-    (G, 4) Int32 sizes, (G, 3) Int64 abc addresses, (G, 2) Int64 sf addresses,
-    (CTAs, 5, 16) Int64 tensormap workspace."""
+    """A host function's pointer arguments as tensors (both kernels): (G, 4) Int32 sizes,
+    (G, 3) and (G, 2) Int64 abc and sf addresses, (CTAs, 5, 16) Int64 tensormap workspace."""
     problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
     abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
     sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
@@ -441,9 +423,7 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, 
     return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
 
 
-# =============================================================================
-# The B200 kernel
-# =============================================================================
+# ==== The B200 kernel ================================================================================================
 class SmemTensors(NamedTuple):
     """One CTA's shared-memory tensors (stage-indexed) and the TMEM address slot."""
     a: object
@@ -470,18 +450,13 @@ class Sm100GroupedGemmKernel:
 
     def __init__(self, config: TileConfig):
         check_sm100_warp_roles()
-        self.config = config
-        self.tile_mnk = config.tile_mnk
+        self.config, self.tile_mnk, self.cta_group = config, config.tile_mnk, tcgen05.CtaGroup.ONE
         # D' is C (row-major, N' contiguous) or C^T (column-major, M' contiguous).
         self.c_layout = utils.LayoutEnum.COL_MAJOR if config.swap_ab else utils.LayoutEnum.ROW_MAJOR
-        self.cta_group = tcgen05.CtaGroup.ONE
-        # Known once traced (`_setup_attributes`):
-        self.num_ab_stages = self.num_acc_stages = self.num_c_stages = None
-        self.smem_bytes = None
+        # known once traced (`_setup_attributes`, `__call__`)
+        self.num_ab_stages = self.num_acc_stages = self.num_c_stages = self.smem_bytes = None
 
-    # -------------------------------------------------------------------------
-    # Host side
-    # -------------------------------------------------------------------------
+    # ---- Host side --------------------------------------------------------------------------------------------------
     def _make_tiled_mma(self):
         return sm100_utils.make_blockscaled_trivial_tiled_mma(
             AB_DTYPE, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K,
@@ -585,42 +560,26 @@ class Sm100GroupedGemmKernel:
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
 
         self.kernel(
-            tiled_mma,
-            tma_atom_a, tma_a, tma_atom_b, tma_b,
-            tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb, tma_atom_c, tma_c,
-            problem_sizes, abc_ptrs, sf_ptrs, tensormaps, total_tiles,
+            tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
+            tma_atom_c, tma_c, problem_sizes, abc_ptrs, sf_ptrs, tensormaps, total_tiles,
             self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
             self.sfb_smem_layout_staged, self.c_smem_layout_staged, self.epi_tile,
-        ).launch(grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], cluster=(1, 1, 1),
-                 smem=self.smem_bytes, stream=stream)
+        ).launch(grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], cluster=(1, 1, 1), smem=self.smem_bytes,
+                 stream=stream)
 
-    # -------------------------------------------------------------------------
-    # Device side: the dispatcher
-    # -------------------------------------------------------------------------
+    # ---- Device side: the dispatcher --------------------------------------------------------------------------------
     @cute.kernel
-    def kernel(
-        self,
-        tiled_mma: cute.TiledMma,
-        tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor,
-        tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor,
-        tma_atom_sfa: cute.CopyAtom, mSFA_mkl: cute.Tensor,
-        tma_atom_sfb: cute.CopyAtom, mSFB_nkl: cute.Tensor,
-        tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor,
-        problem_sizes: cute.Tensor,
-        abc_ptrs: cute.Tensor,
-        sf_ptrs: cute.Tensor,
-        tensormaps: cute.Tensor,
-        total_tiles: cutlass.Int32,
-        a_smem_layout_staged: cute.ComposedLayout,
-        b_smem_layout_staged: cute.ComposedLayout,
-        sfa_smem_layout_staged: cute.Layout,
-        sfb_smem_layout_staged: cute.Layout,
-        c_smem_layout_staged: cute.ComposedLayout,
-        epi_tile: cute.Tile,
-    ):
-        # Layouts built on the host must reach the device code as arguments.
+    def kernel(self, tiled_mma: cute.TiledMma,
+               tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor,
+               tma_atom_sfa: cute.CopyAtom, mSFA_mkl: cute.Tensor, tma_atom_sfb: cute.CopyAtom, mSFB_nkl: cute.Tensor,
+               tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
+               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32,
+               # layouts built on the host must reach the device code as arguments
+               a_smem_layout_staged: cute.ComposedLayout, b_smem_layout_staged: cute.ComposedLayout,
+               sfa_smem_layout_staged: cute.Layout, sfb_smem_layout_staged: cute.Layout,
+               c_smem_layout_staged: cute.ComposedLayout, epi_tile: cute.Tile):
         layouts = Sm100SmemLayouts(a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged,
-                              sfb_smem_layout_staged, c_smem_layout_staged, epi_tile)
+                                   sfb_smem_layout_staged, c_smem_layout_staged, epi_tile)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         # Everything the roles use from shared memory, so that no role needs
@@ -650,7 +609,8 @@ class Sm100GroupedGemmKernel:
         # This CTA's descriptors: slots 0-3 the producer's, slot 4 the epilogue's
         producer_maps = CtaTensormaps.create((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), tensormaps,
                                       storage.tensormaps.data_ptr(), 0, TMA_WARP)
-        epilogue_maps = CtaTensormaps.create((tma_atom_c,), tensormaps, storage.tensormaps.data_ptr(), 4, EPILOGUE_WARPS[0])
+        epilogue_maps = CtaTensormaps.create((tma_atom_c,), tensormaps, storage.tensormaps.data_ptr(), 4,
+                                             EPILOGUE_WARPS[0])
         # (MMA, MMA_M, MMA_N, ACC_STAGE) accumulator layout, address known after allocation
         acc_shape = tiled_mma.partition_shape_C(self.tile_mnk[:2])
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stages))
@@ -672,9 +632,7 @@ class Sm100GroupedGemmKernel:
                 layouts, smem, acc_pipeline, problem_sizes, scheduler, epilogue_maps, tiled_mma, tCtAcc_fake,
                 tmem_alloc_barrier, mC_mnl, abc_ptrs)
 
-    # -------------------------------------------------------------------------
-    # Global tensors: the TMA atoms' placeholders and each group's (descriptor updates)
-    # -------------------------------------------------------------------------
+    # ---- Global tensors: the TMA atoms' placeholders and each group's (descriptor updates) --------------------------
     @cute.jit
     def operand_tensors(self, mp, np_, k, a_address, b_address, sfa_address, sfb_address):
         """A' (M', K) and B' (N', K), K-major FP4, and their blocked SFA', SFB'."""
@@ -703,9 +661,7 @@ class Sm100GroupedGemmKernel:
         return self.operand_tensors(problem_sizes[group, 0], problem_sizes[group, 1], k, abc_ptrs[group, 0],
                                     abc_ptrs[group, 1], sf_ptrs[group, 0], sf_ptrs[group, 1])
 
-    # -------------------------------------------------------------------------
-    # Warp 5: TMA producer
-    # -------------------------------------------------------------------------
+    # ---- Warp 5: TMA producer ---------------------------------------------------------------------------------------
     @cute.jit
     def tma_producer(self, layouts, smem, ab_pipeline, problem_sizes, scheduler, tensormaps, tiled_mma,
                      mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs):
@@ -753,9 +709,7 @@ class Sm100GroupedGemmKernel:
             scheduler.advance()
         ab_pipeline.producer_tail(producer_state)
 
-    # -------------------------------------------------------------------------
-    # Warp 4: MMA issuer
-    # -------------------------------------------------------------------------
+    # ---- Warp 4: MMA issuer -----------------------------------------------------------------------------------------
     @cute.jit
     def mma_issuer(self, layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma, tCtAcc_fake,
                    tmem_alloc_barrier):
@@ -824,9 +778,7 @@ class Sm100GroupedGemmKernel:
         source = tcgen05.get_s2t_smem_desc_tensor(tiled_copy, thr_copy.partition_S(sSF_compact))
         return tiled_copy, source, thr_copy.partition_D(tSF_compact)
 
-    # -------------------------------------------------------------------------
-    # Warps 0-3: epilogue
-    # -------------------------------------------------------------------------
+    # ---- Warps 0-3: epilogue ----------------------------------------------------------------------------------------
     @cute.jit
     def epilogue(self, layouts, smem, acc_pipeline, problem_sizes, scheduler, tensormaps, tiled_mma, tCtAcc_fake,
                  tmem_alloc_barrier, mC_mnl, abc_ptrs):
@@ -920,9 +872,7 @@ class Sm100GroupedGemmKernel:
         c_pipeline.producer_tail()
 
 
-# =============================================================================
-# Compilation: one kernel per (configuration, architecture)
-# =============================================================================
+# ==== Compilation: one kernel per (configuration, architecture) ======================================================
 _compiled: Dict[tuple, tuple] = {}
 
 
@@ -960,9 +910,7 @@ def compile_with_placeholders(kernel):
         cutlass.Int32(1), make_fake_stream())
 
 
-# =============================================================================
-# Input validation (host only; runs before any launch)
-# =============================================================================
+# ==== Input validation (host only; runs before any launch) ===========================================================
 @functools.lru_cache(maxsize=1024)
 def _expected_tensors(m: int, n: int, k: int) -> tuple:
     """(name, dtype, shape, strides) of a, b, c, sfa_reordered, sfb_reordered for a group of
@@ -1048,9 +996,7 @@ def validate_structure(data) -> list:
     return placed
 
 
-# =============================================================================
-# Host launcher, part 1 (no GPU needed): one pass checks a new input and reads the kernel's tables
-# =============================================================================
+# ==== Host launcher, part 1 (no GPU needed): one pass checks a new input and reads the kernel's tables ===============
 class ShapePlan(NamedTuple):
     """What one set of problem sizes on one device fixes: `size_words` (the tables' sizes part),
     `signature` (per group the exact dtype, shape, strides and device index of a, b, c, sfa_reordered
@@ -1118,13 +1064,10 @@ def input_key(data) -> tuple:
     of them dies, so an id can never be reused by a live tensor while a plan keyed on it exists."""
     abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
     chain = itertools.chain.from_iterable
-    return (*map(id, chain(abc_tensors)), *map(id, chain(sfasfb_reordered_tensors)),
-            *map(tuple, problem_sizes))
+    return (*map(id, chain(abc_tensors)), *map(id, chain(sfasfb_reordered_tensors)), *map(tuple, problem_sizes))
 
 
-# =============================================================================
-# Host launcher, part 2: device-side resources, argument storage, launches
-# =============================================================================
+# ==== Host launcher, part 2: device-side resources, argument storage, launches =======================================
 TABLE_SLOT_WORDS = 512  # one plan's tables (7 G + 2 words) in a shared arena: G <= 72
 TABLE_SLOTS_PER_CHUNK = 64
 
@@ -1447,9 +1390,7 @@ def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
     return _b200_launcher(data, config)
 
 
-# =============================================================================
-# Entry point
-# =============================================================================
+# ==== Entry point ====================================================================================================
 # Code paths beside this module's B200 kernel: {(major, minor) or None: (label, run)}; None serves
 # any CUDA GPU without a path of its own. A module holding one registers it when imported (hopper.py:
 # sm_90; portable.py: None); this file imports none (the leaderboard copies only it, runs only B200).
