@@ -68,3 +68,26 @@ def test_wheel_ships_every_imported_module_and_no_tests(tmp_path):
     missing = sorted(f"{name}.py" for name in product_modules() if f"{name}.py" not in names)
     assert not missing, f"not in the wheel (add to [tool.setuptools] py-modules): {missing}"
     assert not [name for name in names if name.startswith("tests/")]
+
+
+def test_no_import_cycles_and_the_artifact_imports_only_task():
+    """The repository's modules import each other without a cycle (imports inside
+    functions count too), and submission.py, which the leaderboard copies alone,
+    imports no module of ours but task."""
+    root_modules = {path.stem for path in ROOT.glob("*.py")}
+    graph = {name: imported_names(ROOT / f"{name}.py") & root_modules - {name} for name in root_modules}
+    assert graph["submission"] == {"task"}
+    assert "submission" in graph["hopper"] and "submission" in graph["portable"]  # they register with it
+    done, active = set(), []
+
+    def visit(name):
+        assert name not in active, "import cycle: " + " -> ".join(active[active.index(name):] + [name])
+        if name in done:
+            return
+        active.append(name)
+        for target in sorted(graph[name]):
+            visit(target)
+        active.pop()
+        done.add(name)
+    for name in sorted(graph):
+        visit(name)
