@@ -120,9 +120,8 @@ def check_sm100_warp_roles() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """A compile-time configuration of the B200 kernel: the scheduler's tile
-    of D' (tile_m x tile_n, one CTA's MMA tile) and whether A and B are
-    swapped. The launcher uses only these fields and the methods below, so a
+    """A compile-time configuration of the B200 kernel: the scheduler's tile of D' (tile_m x tile_n, one CTA's
+    MMA tile) and whether A and B are swapped. The launcher uses only these fields and the methods below, so a
     kernel for another architecture (hopper.py) subclasses it."""
     name: str
     tile_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
@@ -158,9 +157,8 @@ def check_budget(config_name: str, what: str, needed: int, available: int) -> No
 
 
 def acc_stages(config: TileConfig) -> int:
-    """Accumulator buffers in TMEM: two (epilogue of one tile overlaps the
-    mainloop of the next) unless two MMA-N-wide fp32 accumulators and the
-    scale factors exceed the 512 columns (MMA N = 256)."""
+    """Accumulator buffers in TMEM: two (epilogue of one tile overlaps the mainloop of the next) unless two
+    MMA-N-wide fp32 accumulators and the scale factors exceed the 512 columns (MMA N = 256)."""
     return 2 if config.tile_n <= 128 else 1
 
 
@@ -190,10 +188,9 @@ MODEL_LATENCY_S = 1.0e-6  # DRAM round trip seen by a TMA load
 MODEL_TILE_OVERHEAD_S = 0.15e-6  # per tile: scheduling, barriers, descriptor swaps
 MODEL_TAIL_S = 0.5e-6  # last tile's epilogue, not overlapped with any mainloop
 MODEL_LAUNCH_S = 2.0e-6  # kernel launch and grid start-up
-# Operands re-read by several tiles are assumed to hit in L2: DRAM traffic is
-# each input once and C once, bounded by the DRAM rate as a whole, while each
-# CTA streams its own tiles at most at its stages-in-flight / latency and at
-# most at the SM's load rate.
+# Operands re-read by several tiles are assumed to hit in L2: DRAM traffic is each input once and C once,
+# bounded by the DRAM rate as a whole, while each CTA streams its own tiles at most at its stages-in-flight /
+# latency and at most at the SM's load rate.
 
 
 @dataclasses.dataclass
@@ -209,10 +206,9 @@ class ModelEstimate:
 def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT) -> ModelEstimate:
     """Modeled B200 time of one launch with `config` (see the assumptions above).
 
-    Static round-robin of tiles over min(tiles, SMs) CTAs. A CTA streams its
-    tiles' K stages at min(stages in flight / latency, the SM's load rate) and
-    is bounded below by its FP4 math; the launch takes the larger of its
-    busiest CTA and the DRAM time of the unique bytes, plus fixed costs."""
+    Static round-robin of tiles over min(tiles, SMs) CTAs. A CTA streams its tiles' K stages at min(stages in
+    flight / latency, the SM's load rate) and is bounded below by its FP4 math; the launch takes the larger of
+    its busiest CTA and the DRAM time of the unique bytes, plus fixed costs."""
     tiles = []
     unique_bytes = 0
     for size in problem_sizes:
@@ -268,10 +264,9 @@ def stage_bytes(config: TileConfig) -> int:
 @cute.jit
 def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                 tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
-    """Linear tile index -> (group, its first linear tile, m'-tile, n'-tile): tiles
-    numbered group by group, M' tiles fastest, in the run-time (G, 4) table
-    M', N', K, L. The search resumes at the caller's previous tile's group (a
-    CTA's tiles only move forward)."""
+    """Linear tile index -> (group, its first linear tile, m'-tile, n'-tile): tiles numbered group by group,
+    M' tiles fastest, in the run-time (G, 4) table M', N', K, L. The search resumes at the caller's previous
+    tile's group (a CTA's tiles only move forward)."""
     tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
     group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     while tile >= group_end:
@@ -284,9 +279,8 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
 
 
 class WorkTile(NamedTuple):
-    """One tile of D': its group, M'- and N'-tile indices, and whether its
-    group differs from the previous tile's (or it is the CTA's first): a
-    role's descriptors then need rewriting."""
+    """One tile of D': its group, M'- and N'-tile indices, and whether its group differs from the previous
+    tile's (or it is the CTA's first): a role's descriptors then need rewriting."""
     group: object
     m_tile: object
     n_tile: object
@@ -296,9 +290,8 @@ class WorkTile(NamedTuple):
 
     @property
     def k_tiles(self):
-        """The group's K stages (K is a multiple of K_MULTIPLE, which every
-        tile_k divides), read where used rather than kept live across a
-        descriptor rewrite."""
+        """The group's K stages (K is a multiple of K_MULTIPLE, which every tile_k divides), read where used
+        rather than kept live across a descriptor rewrite."""
         return self.problem_sizes[self.group, 2] // self.tile_k
 
 
@@ -358,13 +351,11 @@ class TileScheduler:
 # ==== TMA descriptors: one CTA's, rewritten when a role moves to another group =======================================
 @dataclasses.dataclass(frozen=True)
 class CtaTensormaps:
-    """One warp role's TMA descriptors in this CTA (B200 producer: A', B', SFA',
-    SFB'; epilogue: D'; Hopper producer: A, B): each a shared-memory copy that
-    `warp` rewrites for a new group, and a home in the global workspace (slots
-    `first_slot`.. of this CTA's row) that the TMA operations name. A role
-    moving to another group calls `rewrite`, then `publish` before its first
-    copy (`for_group`: both; the B200 epilogue publishes once its accumulator
-    is full). Frozen: the DSL treats it as read-only in dynamic loops."""
+    """One warp role's TMA descriptors in this CTA (B200 producer: A', B', SFA', SFB'; epilogue: D'; Hopper
+    producer: A, B): each a shared-memory copy that `warp` rewrites for a new group, and a home in the global
+    workspace (slots `first_slot`.. of this CTA's row) that the TMA operations name. A role moving to another
+    group calls `rewrite`, then `publish` before its first copy (`for_group`: both; the B200 epilogue
+    publishes once its accumulator is full). Frozen: the DSL treats it as read-only in dynamic loops."""
     atoms: tuple
     warp: int
     manager: object
@@ -381,9 +372,8 @@ class CtaTensormaps:
                              tuple(manager.get_tensormap_ptr(workspace[(bidz, i, None)].iterator) for i in slots))
 
     def init_from_atoms(self, prefetch_atoms: bool = False) -> None:
-        """The shared-memory copies start as the atoms' descriptors; `prefetch_atoms`
-        prefetches each atom's (a kernel parameter) as its copy starts (interleaved:
-        fewer live registers)."""
+        """The shared-memory copies start as the atoms' descriptors; `prefetch_atoms` prefetches each atom's
+        (a kernel parameter) as its copy starts (interleaved: fewer live registers)."""
         for atom, smem in zip(self.atoms, self.smem):  # unrolled while tracing
             if prefetch_atoms:
                 cpasync.prefetch_descriptor(atom)
@@ -582,9 +572,8 @@ class Sm100GroupedGemmKernel:
                                    sfb_smem_layout_staged, c_smem_layout_staged, epi_tile)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = utils.SmemAllocator().allocate(self.shared_storage)
-        # Everything the roles use from shared memory, so that no role needs
-        # the storage struct itself (older DSL releases cannot carry it into
-        # dynamic branches).
+        # Everything the roles use from shared memory, so that no role needs the storage struct itself (older
+        # DSL releases cannot carry it into dynamic branches).
         smem = SmemTensors(
             a=storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner),
             b=storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner),
@@ -767,9 +756,8 @@ class Sm100GroupedGemmKernel:
         acc_pipeline.producer_tail(acc_state)
 
     def s2t_copy_and_partition(self, sSF, tSF):
-        """Shared -> tensor memory copy of one stage of scale factors:
-        (tiled copy, ((ATOM_V, REST_V), REST_TILER, MMA_MN, MMA_K, STAGE) source,
-        ((ATOM_V, REST_V), REST_TILER, MMA_MN, MMA_K) destination)."""
+        """Shared -> tensor memory copy of one stage of scale factors: (tiled copy, ((ATOM_V, REST_V),
+        REST_TILER, MMA_MN, MMA_K, STAGE) source, ((ATOM_V, REST_V), REST_TILER, MMA_MN, MMA_K) destination)."""
         sSF_compact = cute.filter_zeros(sSF)
         tSF_compact = cute.filter_zeros(tSF)
         tiled_copy = tcgen05.make_s2t_copy(
@@ -900,9 +888,8 @@ def compile_grouped_gemm(config: TileConfig):
 
 
 def compile_with_placeholders(kernel):
-    """cute.compile of a kernel's host function (this module's, or hopper.py's,
-    which takes the same arguments: `host_arguments`) with placeholder
-    arguments: only their types matter."""
+    """cute.compile of a kernel's host function (this module's, or hopper.py's, which takes the same
+    arguments: `host_arguments`) with placeholder arguments: only their types matter."""
     null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
     return cute.compile(
         kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
