@@ -458,30 +458,28 @@ class Sm100GroupedGemmKernel:
         self.num_acc_stages = acc_stages(self.config)
         self.num_c_stages = NUM_C_STAGES
         self.num_ab_stages = self._compute_stages(tiled_mma)
-        self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
-            tiled_mma, self.tile_mnk, AB_DTYPE, self.num_ab_stages)
-        self.b_smem_layout_staged = sm100_utils.make_smem_layout_b(
-            tiled_mma, self.tile_mnk, AB_DTYPE, self.num_ab_stages)
-        self.sfa_smem_layout_staged = blockscaled_utils.make_smem_layout_sfa(
-            tiled_mma, self.tile_mnk, SF_VEC_SIZE, self.num_ab_stages)
-        self.sfb_smem_layout_staged = blockscaled_utils.make_smem_layout_sfb(
-            tiled_mma, self.tile_mnk, SF_VEC_SIZE, self.num_ab_stages)
+        (self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
+         self.sfb_smem_layout_staged) = self._ab_smem_layouts(tiled_mma, self.num_ab_stages)
         self.c_smem_layout_staged = sm100_utils.make_smem_layout_epi(
             C_DTYPE, self.c_layout, self.epi_tile, self.num_c_stages)
 
-    def _compute_stages(self, tiled_mma) -> int:
-        """As many A/B/SFA/SFB stages as fit beside the C buffers, barriers and tensormaps."""
+    def _ab_smem_layouts(self, tiled_mma, stages: int):
+        """(MMA, MMA_M/N, MMA_K, STAGE) shared-memory layouts of A', B' (swizzled), SFA', SFB'."""
         t = self.tile_mnk
-        stage_bytes = (
-            cute.size_in_bytes(AB_DTYPE, sm100_utils.make_smem_layout_a(tiled_mma, t, AB_DTYPE, 1))
-            + cute.size_in_bytes(AB_DTYPE, sm100_utils.make_smem_layout_b(tiled_mma, t, AB_DTYPE, 1))
-            + cute.size_in_bytes(SF_DTYPE, blockscaled_utils.make_smem_layout_sfa(tiled_mma, t, SF_VEC_SIZE, 1))
-            + cute.size_in_bytes(SF_DTYPE, blockscaled_utils.make_smem_layout_sfb(tiled_mma, t, SF_VEC_SIZE, 1)))
+        return (sm100_utils.make_smem_layout_a(tiled_mma, t, AB_DTYPE, stages),
+                sm100_utils.make_smem_layout_b(tiled_mma, t, AB_DTYPE, stages),
+                blockscaled_utils.make_smem_layout_sfa(tiled_mma, t, SF_VEC_SIZE, stages),
+                blockscaled_utils.make_smem_layout_sfb(tiled_mma, t, SF_VEC_SIZE, stages))
+
+    def _compute_stages(self, tiled_mma) -> int:
+        """As many A/B/SFA/SFB stages as fit beside the C buffers, barriers and tensormaps;
+        `stage_bytes` is also each stage's TMA transaction count."""
+        self.stage_bytes = sum(cute.size_in_bytes(dtype, layout) for dtype, layout in zip(
+            (AB_DTYPE, AB_DTYPE, SF_DTYPE, SF_DTYPE), self._ab_smem_layouts(tiled_mma, 1)))
         c_bytes = self.num_c_stages * cute.size_in_bytes(
             C_DTYPE, sm100_utils.make_smem_layout_epi(C_DTYPE, self.c_layout, self.epi_tile, 1))
         free = SMEM_CAPACITY - SMEM_RESERVED - TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP - c_bytes
-        self.stage_bytes = stage_bytes
-        return free // stage_bytes
+        return free // self.stage_bytes
 
     @cute.jit
     def __call__(
@@ -519,11 +517,6 @@ class Sm100GroupedGemmKernel:
         tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), c,
             cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile)
-        self.num_tma_load_bytes = (
-            cute.size_in_bytes(AB_DTYPE, one_stage(self.a_smem_layout_staged))
-            + cute.size_in_bytes(AB_DTYPE, one_stage(self.b_smem_layout_staged))
-            + cute.size_in_bytes(SF_DTYPE, one_stage(self.sfa_smem_layout_staged))
-            + cute.size_in_bytes(SF_DTYPE, one_stage(self.sfb_smem_layout_staged)))
 
         @cute.struct
         class SharedStorage:
@@ -587,7 +580,7 @@ class Sm100GroupedGemmKernel:
             num_stages=self.num_ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=self.num_tma_load_bytes,
+            tx_count=self.stage_bytes,
         )
         acc_pipeline = pipeline.PipelineUmmaAsync.create(
             barrier_storage=storage.acc_mbar.data_ptr(),
@@ -711,21 +704,19 @@ class Sm100GroupedGemmKernel:
         tmem_alloc_barrier.arrive_and_wait()  # epilogue warp 0 has allocated TMEM
         acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
             ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=smem.tmem_holding)
-        # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        # (MMA, MMA_M, MMA_N, ACC_STAGE), then the scale factors of one K stage
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
-        # Scale factors of one K stage live after the accumulator stages.
-        sfa_tmem_ptr = cute.recast_ptr(acc_tmem_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc_base), dtype=SF_DTYPE)
-        tCtSFA = cute.make_tensor(sfa_tmem_ptr, blockscaled_utils.make_tmem_layout_sfa(
-            tiled_mma, self.tile_mnk, SF_VEC_SIZE, cute.slice_(layouts.sfa, (None, None, None, 0))))
-        sfb_tmem_ptr = cute.recast_ptr(
-            acc_tmem_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
-            + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=SF_DTYPE)
-        tCtSFB = cute.make_tensor(sfb_tmem_ptr, blockscaled_utils.make_tmem_layout_sfb(
-            tiled_mma, self.tile_mnk, SF_VEC_SIZE, cute.slice_(layouts.sfb, (None, None, None, 0))))
-        tmem_columns = (tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
-                        + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
-                        + tcgen05.find_tmem_tensor_col_offset(tCtSFB))
-        check_budget(self.config.name, "TMEM columns", tmem_columns, TMEM_COLUMNS)
+        acc_columns = tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
+        tCtSFA = cute.make_tensor(
+            cute.recast_ptr(acc_tmem_ptr + acc_columns, dtype=SF_DTYPE), blockscaled_utils.make_tmem_layout_sfa(
+                tiled_mma, self.tile_mnk, SF_VEC_SIZE, cute.slice_(layouts.sfa, (None, None, None, 0))))
+        sfa_columns = tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+        tCtSFB = cute.make_tensor(
+            cute.recast_ptr(acc_tmem_ptr + acc_columns + sfa_columns, dtype=SF_DTYPE),
+            blockscaled_utils.make_tmem_layout_sfb(
+                tiled_mma, self.tile_mnk, SF_VEC_SIZE, cute.slice_(layouts.sfb, (None, None, None, 0))))
+        check_budget(self.config.name, "TMEM columns",
+                     acc_columns + sfa_columns + tcgen05.find_tmem_tensor_col_offset(tCtSFB), TMEM_COLUMNS)
         copy_sfa, tCsSFA_s2t, tCtSFA_s2t = self.s2t_copy_and_partition(sSFA, tCtSFA)
         copy_sfb, tCsSFB_s2t, tCtSFB_s2t = self.s2t_copy_and_partition(sSFB, tCtSFB)
         num_kblocks = cute.size(tCrA, mode=[2])
