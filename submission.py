@@ -1,53 +1,42 @@
-"""NVFP4 block-scaled grouped GEMM for NVIDIA B200 (GPU MODE `nvfp4_group_gemm`).
+"""NVFP4 block-scaled grouped GEMM for NVIDIA B200 (GPU MODE `nvfp4_group_gemm`; the contract: docs/contract.md).
 
-For each group (sizes M, N, K, L=1 from `data`; the contract: docs/contract.md):
+For each group (sizes M, N, K, L=1 from `data`):
 
     C[m, n] = fp16( sum_k a(m, k) * sfa(m, k // 16) * b(n, k) * sfb(n, k // 16) )
 
-a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 in the tcgen05
-"blocked" layout (`sfasfb_reordered_tensors`), fp32 accumulation, fp16 C in
-place. Checked before any launch (`validate_input`: ValueError naming the
-group): the four lists of one length >= 1, L == 1, M >= 1, N a multiple of 128,
-K of 256, the leaderboard's dtypes, shapes and strides, one CUDA device,
-16-byte alignment. On sm_100 `custom_kernel` runs the kernel below; other GPUs
-get the paths other modules register (`register_path`: hopper.py, portable.py).
+a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 in the tcgen05 "blocked" layout
+(`sfasfb_reordered_tensors`), fp32 accumulation, fp16 C in place. Checked before any launch (`validate_input`:
+ValueError naming the group): the four lists of one length >= 1, L == 1, M >= 1, N a multiple of 128, K of 256,
+the leaderboard's dtypes, shapes and strides, one CUDA device, 16-byte alignment. On sm_100 `custom_kernel` runs
+the kernel below; other GPUs get the paths other modules register (`register_path`: hopper.py, portable.py).
 
-The B200 kernel (`Sm100GroupedGemmKernel`) computes per group D' = A' B'^T,
-A' (M' x K) and B' (N' x K) K-major FP4 with blocked scale factors, D' fp16.
-A configuration (`TileConfig`) fixes the CTA tile (tile_m x tile_n, K = 256
-per stage) and whether A and B are swapped:
+The B200 kernel (`Sm100GroupedGemmKernel`) computes per group D' = A' B'^T, A' (M' x K) and B' (N' x K) K-major
+FP4 with blocked scale factors, D' fp16. A configuration (`TileConfig`, chosen per shape set by a cost model:
+`choose_config`) fixes the CTA tile (tile_m x tile_n, K = 256 per stage) and whether A and B are swapped:
 - not swapped: A' = a, B' = b, D' = C (row-major), M' = M, N' = N;
-- swapped: A' = b, B' = a, D' = C^T (column-major view of C), M' = N, N' = M:
-  the weights' N is the MMA's M side and the tokens' M its N side, so a tile
-  spans up to tile_n tokens and each weight row is read once however small M is.
-A cost model (`model_time_us`, `choose_config`) picks one per shape set.
+- swapped: A' = b, B' = a, D' = C^T (column-major view of C), M' = N, N' = M: the weights' N is the MMA's M
+  side and the tokens' M its N side, so a tile spans up to tile_n tokens and each weight row is read once.
 
 Persistent, warp-specialized, one CTA per SM at most (1-CTA MMA, no cluster):
   warps 0-3  epilogue: TMEM -> registers -> fp16 -> shared memory -> TMA store
   warp 4     MMA: scale factors shared -> tensor memory, tcgen05.mma (one thread)
   warp 5     TMA producer: A', B', SFA', SFB' tiles into shared-memory stages
 Pipelines (producer -> consumer, arrive counts; `check_sm100_warp_roles`):
-  ab   PipelineTmaUmma, `num_ab_stages` stages: TMA warp (1 arrive + transaction
-       bytes of one stage) -> MMA warp (1 arrive, tcgen05.commit)
-  acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits
-       twice in TMEM): MMA warp (1 arrive, tcgen05.commit) -> epilogue (4
-       arrives, one elected thread per epilogue warp)
+  ab   PipelineTmaUmma, `num_ab_stages` stages: TMA warp (1 arrive + transaction bytes of one stage) -> MMA
+       warp (1 arrive, tcgen05.commit)
+  acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits twice in TMEM): MMA warp
+       (1 arrive, tcgen05.commit) -> epilogue (4 arrives, one elected thread per epilogue warp)
   c    PipelineTmaStore, `num_c_stages` shared-memory buffers, epilogue warps.
-Stages: as many A/B/SFA/SFB stages as fit in shared memory beside the C
-buffers, the barriers and the tensormaps (`_compute_stages`).
-TMEM: 512 columns per CTA: `num_acc_stages` x tile_n fp32 accumulator columns,
-then the SFA and SFB columns of one K stage (copied per stage by the MMA warp).
-Every role walks the same tiles (`TileScheduler`) and a role that moves to
-another group rewrites its TMA descriptors (`CtaTensormaps`).
+Stages: as many A/B/SFA/SFB stages as fit in shared memory beside the C buffers, the barriers and the
+tensormaps (`_compute_stages`). TMEM: 512 columns per CTA: `num_acc_stages` x tile_n fp32 accumulator columns,
+then the SFA and SFB columns of one K stage (copied per stage by the MMA warp). Every role walks the same tiles
+(`TileScheduler`); a role that moves to another group rewrites its TMA descriptors (`CtaTensormaps`).
 
-Compile time vs run time: dtypes, configuration, stage counts and layouts are
-compile-time; problem sizes, pointers and the group, tile and CTA counts are
-run-time: one compile per configuration and architecture serves every shape
-set (`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and
-tabulates a new input once and relaunches a known one with one call.
-
-Standalone: imports only torch, cutlass and `task` (the leaderboard copies only
-this file).
+Dtypes, configuration, stage counts and layouts are compile-time; problem sizes, pointers and the group, tile
+and CTA counts run-time: one compile per configuration and architecture serves every shape set
+(`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a new input once and
+relaunches a known one with one call. Standalone: imports only torch, cutlass and `task` (the leaderboard
+copies only this file).
 """
 import ctypes
 import dataclasses
@@ -109,8 +98,7 @@ def check_sm100_warp_roles() -> None:
     warps = THREADS_PER_CTA // 32
     assert THREADS_PER_CTA % 32 == 0
     assert sorted((*EPILOGUE_WARPS, MMA_WARP, TMA_WARP)) == list(range(warps)), "each warp has one role"
-    # tcgen05.ld: warp w reads TMEM lanes 32 (w % 4) .. 32 (w % 4) + 31, so the
-    # epilogue must be four warps covering w % 4 = 0..3 to read all 128 rows.
+    # tcgen05.ld: warp w reads TMEM lanes 32 (w % 4) .. + 31: four epilogue warps must cover w % 4 = 0..3
     assert sorted(w % 4 for w in EPILOGUE_WARPS) == [0, 1, 2, 3]
     assert MMA_WARP > max(EPILOGUE_WARPS) and TMA_WARP > max(EPILOGUE_WARPS), \
         "the kernel dispatches the epilogue as warp_idx < MMA_WARP"
@@ -193,20 +181,14 @@ MODEL_LAUNCH_S = 2.0e-6  # kernel launch and grid start-up
 # latency and at most at the SM's load rate.
 
 
-@dataclasses.dataclass
-class ModelEstimate:
-    config: str
-    tiles: int
-    ctas: int
-    time_us: float
-    dram_us: float  # unique bytes at full DRAM bandwidth
-    busiest_cta_us: float  # streaming time of the CTA with the most work
+# time_us and its parts: dram_us (the unique bytes at full DRAM bandwidth), busiest_cta_us (the CTA with most work)
+ModelEstimate = NamedTuple("ModelEstimate", [("config", str), ("tiles", int), ("ctas", int), ("time_us", float),
+                                             ("dram_us", float), ("busiest_cta_us", float)])
 
 
 def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT) -> ModelEstimate:
-    """Modeled B200 time of one launch with `config` (see the assumptions above).
-
-    Static round-robin of tiles over min(tiles, SMs) CTAs. A CTA streams its tiles' K stages at min(stages in
+    """Modeled B200 time of one launch with `config` (see the assumptions above): static round-robin of
+    tiles over min(tiles, SMs) CTAs. A CTA streams its tiles' K stages at min(stages in
     flight / latency, the SM's load rate) and is bounded below by its FP4 math; the launch takes the larger of
     its busiest CTA and the DRAM time of the unique bytes, plus fixed costs."""
     tiles = []
@@ -296,20 +278,11 @@ class WorkTile(NamedTuple):
 
 
 class TileScheduler:
-    """The static persistent walk over the tiles of all groups. A kernel's
-    dispatcher creates it once; every warp role walks the same tiles with its
-    own copy of the state:
-
-        while scheduler.has_work():
-            work = scheduler.current()  # WorkTile
-            ...
-            scheduler.advance()
-
-    CTA c of a grid of G takes tiles c, c + G, c + 2 G, ... (`locate_tile`).
-    The state is four Int32 values carried through the DSL's dynamic loop:
-    the linear tile, where the group search resumes (group, its first tile),
-    and the group of the previous tile (-1 before the first); the tables,
-    tile sizes and grid stride are fixed for the kernel."""
+    """The static persistent walk over the tiles of all groups: CTA c of a grid of G takes tiles c, c + G,
+    c + 2 G, ... (`locate_tile`). A kernel's dispatcher creates it once; every warp role walks the same tiles
+    with its own copy of the state (`while scheduler.has_work(): work = scheduler.current(); ...;
+    scheduler.advance()`): four Int32 values carried through the DSL's dynamic loop, the linear tile, where the
+    group search resumes (group, its first tile) and the previous tile's group (-1 before the first)."""
 
     def __init__(self, problem_sizes, total_tiles, tile_mnk, stride, tile, group, group_first_tile, last_group):
         self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride = problem_sizes, total_tiles, tile_mnk, stride
@@ -414,24 +387,11 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, 
 
 
 # ==== The B200 kernel ================================================================================================
-class SmemTensors(NamedTuple):
-    """One CTA's shared-memory tensors (stage-indexed) and the TMEM address slot."""
-    a: object
-    b: object
-    sfa: object
-    sfb: object
-    c: object
-    tmem_holding: object  # where tcgen05.alloc writes the TMEM base address
-
-
-class Sm100SmemLayouts(NamedTuple):
-    """Shared-memory layouts of one B200 configuration, as the device code receives them."""
-    a: object  # (MMA, MMA_M, MMA_K, STAGE), swizzled
-    b: object  # (MMA, MMA_N, MMA_K, STAGE), swizzled
-    sfa: object  # (MMA, MMA_M, MMA_K, STAGE)
-    sfb: object  # (MMA, MMA_N, MMA_K, STAGE)
-    c: object  # (EPI_TILE_M, EPI_TILE_N, C_STAGE), swizzled
-    epi_tile: object
+# One CTA's shared-memory tensors (stage-indexed) and the slot where tcgen05.alloc writes the TMEM address.
+SmemTensors = NamedTuple("SmemTensors", [(f, object) for f in ("a", "b", "sfa", "sfb", "c", "tmem_holding")])
+# Shared-memory layouts as the device code receives them: a, b (MMA, MMA_M/N, MMA_K, STAGE) swizzled, sfa, sfb
+# (MMA, MMA_M/N, MMA_K, STAGE), c (EPI_TILE_M, EPI_TILE_N, C_STAGE) swizzled, and the epilogue tile.
+Sm100SmemLayouts = NamedTuple("Sm100SmemLayouts", [(f, object) for f in ("a", "b", "sfa", "sfb", "c", "epi_tile")])
 
 
 class Sm100GroupedGemmKernel:
@@ -482,25 +442,17 @@ class Sm100GroupedGemmKernel:
         return free // self.stage_bytes
 
     @cute.jit
-    def __call__(
-        self,
-        ptr_problem_sizes: cute.Pointer,  # (G, 4) Int32: M', N', K, L
-        ptr_abc: cute.Pointer,  # (G, 3) Int64: A', B', D' addresses
-        ptr_sf: cute.Pointer,  # (G, 2) Int64: SFA', SFB' addresses
-        ptr_tensormaps: cute.Pointer,  # (CTAs, 5, 16) Int64 workspace, 128-byte aligned
-        num_groups: cutlass.Int32,
-        total_tiles: cutlass.Int32,
-        num_ctas: cutlass.Int32,
-        stream,
-    ):
+    def __call__(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
+                 ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
+                 num_ctas: cutlass.Int32, stream):
+        """The host function: tables (G, 4) Int32 M', N', K, L, (G, 3) Int64 A', B', D' and (G, 2) Int64 SFA',
+        SFB' addresses, the (CTAs, 5, 16) Int64 tensormap workspace (128-byte aligned), counts, stream."""
         tiled_mma = self._make_tiled_mma()
         self._setup_attributes(tiled_mma)
-        # Placeholders with the right dtypes and majorness to build the TMA atoms from;
-        # each CTA rewrites the descriptors for its groups.
+        # Placeholders with the right dtypes and majorness for the TMA atoms (each CTA rewrites the descriptors)
         dim, k = cutlass.Int32(128), cutlass.Int32(256)
         a, b, sfa, sfb = self.operand_tensors(dim, dim, k, 0, 0, 0, 0)
         c = self.output_tensor(dim, dim, 0)
-
         g2s = cpasync.CopyBulkTensorTileG2SOp(self.cta_group)
         cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
         one_stage = lambda layout: cute.slice_(layout, (None, None, None, 0))
@@ -568,26 +520,18 @@ class Sm100GroupedGemmKernel:
         # Everything the roles use from shared memory, so that no role needs the storage struct itself (older
         # DSL releases cannot carry it into dynamic branches).
         smem = SmemTensors(
-            a=storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner),
-            b=storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner),
-            sfa=storage.sSFA.get_tensor(layouts.sfa),
-            sfb=storage.sSFB.get_tensor(layouts.sfb),
-            c=storage.sC.get_tensor(layouts.c.outer, swizzle=layouts.c.inner),
-            tmem_holding=storage.tmem_holding_buf.data_ptr(),
-        )
+            storage.sA.get_tensor(layouts.a.outer, swizzle=layouts.a.inner),
+            storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner),
+            storage.sSFA.get_tensor(layouts.sfa), storage.sSFB.get_tensor(layouts.sfb),
+            storage.sC.get_tensor(layouts.c.outer, swizzle=layouts.c.inner), storage.tmem_holding_buf.data_ptr())
+        thread = pipeline.Agent.Thread
         ab_pipeline = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.ab_mbar.data_ptr(),
-            num_stages=self.num_ab_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=self.stage_bytes,
-        )
+            barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.num_ab_stages, tx_count=self.stage_bytes,
+            producer_group=pipeline.CooperativeGroup(thread), consumer_group=pipeline.CooperativeGroup(thread, 1))
         acc_pipeline = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=storage.acc_mbar.data_ptr(),
-            num_stages=self.num_acc_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ACC_CONSUMER_ARRIVES),
-        )
+            barrier_storage=storage.acc_mbar.data_ptr(), num_stages=self.num_acc_stages,
+            producer_group=pipeline.CooperativeGroup(thread),
+            consumer_group=pipeline.CooperativeGroup(thread, ACC_CONSUMER_ARRIVES))
         # This CTA's descriptors: slots 0-3 the producer's, slot 4 the epilogue's
         producer_maps = CtaTensormaps.create((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), tensormaps,
                                       storage.tensormaps.data_ptr(), 0, TMA_WARP)
@@ -602,17 +546,14 @@ class Sm100GroupedGemmKernel:
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         if warp_idx == TMA_WARP:
-            self.tma_producer(
-                layouts, smem, ab_pipeline, problem_sizes, scheduler, producer_maps,
-                tiled_mma, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs)
+            self.tma_producer(layouts, smem, ab_pipeline, problem_sizes, scheduler, producer_maps, tiled_mma,
+                              mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs)
         if warp_idx == MMA_WARP:
-            self.mma_issuer(
-                layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma, tCtAcc_fake,
-                tmem_alloc_barrier)
+            self.mma_issuer(layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma,
+                            tCtAcc_fake, tmem_alloc_barrier)
         if warp_idx < MMA_WARP:
-            self.epilogue(
-                layouts, smem, acc_pipeline, problem_sizes, scheduler, epilogue_maps, tiled_mma, tCtAcc_fake,
-                tmem_alloc_barrier, mC_mnl, abc_ptrs)
+            self.epilogue(layouts, smem, acc_pipeline, problem_sizes, scheduler, epilogue_maps, tiled_mma,
+                          tCtAcc_fake, tmem_alloc_barrier, mC_mnl, abc_ptrs)
 
     # ---- Global tensors: the TMA atoms' placeholders and each group's (descriptor updates) --------------------------
     @cute.jit
@@ -650,7 +591,6 @@ class Sm100GroupedGemmKernel:
         """Per tile, its K stages of A', B', SFA', SFB' into the ab pipeline's stages."""
         tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb = tensormaps.atoms
         tensormaps.init_from_atoms(prefetch_atoms=True)
-
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory stages
         sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
         thr_mma = tiled_mma.get_slice(0)
@@ -670,7 +610,6 @@ class Sm100GroupedGemmKernel:
         tBsB, tBgB = partition(tma_atom_b, sB, mB_nkl, tile_n, thr_mma.partition_B, False)
         tAsSFA, tAgSFA = partition(tma_atom_sfa, sSFA, mSFA_mkl, tile_k, thr_mma.partition_A, True)
         tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, tile_n, thr_mma.partition_B, True)
-
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         while scheduler.has_work():
             work = scheduler.current()
@@ -865,12 +804,9 @@ def target_arch() -> str:
 
 
 def compile_grouped_gemm(config: TileConfig):
-    """(compiled host function, kernel object) for `config` (of this module
-    or hopper.py: `config.make_kernel()`), compiled on first use.
-
-    Keyed only on compile-time facts: the configuration and the target
-    architecture. Problem sizes, group count and grid are run-time arguments.
-    Works without a GPU when CUTE_DSL_ARCH names the target (e.g. sm_100a)."""
+    """(compiled host function, kernel object) for `config` (this module's or hopper.py's:
+    `config.make_kernel()`), compiled on first use, keyed only on the configuration and the target
+    architecture (sizes, counts and grid are run-time). No GPU needed when CUTE_DSL_ARCH names the target."""
     key = (config, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
@@ -1062,12 +998,9 @@ current_stream_handle = getattr(torch._C, "_cuda_getCurrentRawStream", None) or 
 
 @functools.lru_cache(maxsize=None)
 def _memcpy_htod_async():
-    """The driver's cuMemcpyHtoDAsync_v2 through ctypes, or None. From pageable memory it
-    stages the bytes before returning, so the source may go at once."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuMemcpyHtoDAsync_v2
-    except (OSError, AttributeError):
-        return None
+    """The driver's cuMemcpyHtoDAsync_v2 through ctypes (libcuda.so.1, which CUDA torch loads too). From
+    pageable memory it stages the bytes before returning, so the source may go at once."""
+    fn = ctypes.CDLL("libcuda.so.1").cuMemcpyHtoDAsync_v2
     fn.argtypes = (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     fn.restype = ctypes.c_int
     return fn
@@ -1076,12 +1009,7 @@ def _memcpy_htod_async():
 def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None:
     """Copy int64 `words` into the device tensor `target`, ordered on `stream` (the current one)."""
     host = (ctypes.c_int64 * len(words))(*words)
-    memcpy = _memcpy_htod_async()
-    if memcpy is None:  # no driver library by that name: through torch, slower
-        target[:len(words)].copy_(torch.frombuffer(host, dtype=torch.int64), non_blocking=True)
-        torch.cuda.current_stream(target.device).synchronize()  # `host` is pageable and goes now
-        return
-    status = memcpy(target.data_ptr(), host, ctypes.sizeof(host), stream)
+    status = _memcpy_htod_async()(target.data_ptr(), host, ctypes.sizeof(host), stream)
     if status != 0:
         raise RuntimeError(f"CUDA error {status} copying the kernel's tables to the device")
 
@@ -1184,13 +1112,11 @@ def pack_host_arguments(values, stream: int, extras) -> Tuple[ctypes.Array, int]
 
 
 class HostFunction:
-    """A compiled kernel's host function on one device, called with argument storage owned here.
-
-    CuTe DSL converts and packs every argument on every call, most of a call's host time. Its compiled
-    host function takes one array: the address of each argument's value, then the executor's own entries
-    (where it reports a CUDA error, the kernels' handles). Where the release converts the arguments as
-    `argument_layout_matches` expects, a plan owns such an array per stream and a launch is one call;
-    elsewhere a plan has the DSL convert its arguments once per stream (`bind`)."""
+    """A compiled kernel's host function on one device, called with argument storage owned here. CuTe DSL
+    converts every argument on every call, most of a call's host time; its host function takes one array: each
+    argument value's address, then the executor's entries (its CUDA error cell, the kernels' handles). Where the
+    release converts as `argument_layout_matches` expects, a plan owns such an array per stream and a launch is
+    one call; elsewhere the DSL converts a plan's arguments once per stream (`bind`)."""
 
     def __init__(self, compiled, device_index: int):
         self.compiled = compiled
