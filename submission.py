@@ -407,11 +407,6 @@ class Sm100GroupedGemmKernel:
         self.num_ab_stages = self.num_acc_stages = self.num_c_stages = self.smem_bytes = None
 
     # ---- Host side --------------------------------------------------------------------------------------------------
-    def _make_tiled_mma(self):
-        return sm100_utils.make_blockscaled_trivial_tiled_mma(
-            AB_DTYPE, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K,
-            SF_DTYPE, SF_VEC_SIZE, self.cta_group, self.tile_mnk[:2])
-
     def _setup_attributes(self, tiled_mma):
         """Stage counts and shared-memory layouts (trace time)."""
         self.epi_tile = sm100_utils.compute_epilogue_tile_shape(self.tile_mnk, False, self.c_layout, C_DTYPE)
@@ -447,7 +442,9 @@ class Sm100GroupedGemmKernel:
                  num_ctas: cutlass.Int32, stream):
         """The host function: tables (G, 4) Int32 M', N', K, L, (G, 3) Int64 A', B', D' and (G, 2) Int64 SFA',
         SFB' addresses, the (CTAs, 5, 16) Int64 tensormap workspace (128-byte aligned), counts, stream."""
-        tiled_mma = self._make_tiled_mma()
+        tiled_mma = sm100_utils.make_blockscaled_trivial_tiled_mma(
+            AB_DTYPE, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, self.cta_group,
+            self.tile_mnk[:2])
         self._setup_attributes(tiled_mma)
         # Placeholders with the right dtypes and majorness for the TMA atoms (each CTA rewrites the descriptors)
         dim, k = cutlass.Int32(128), cutlass.Int32(256)
@@ -455,17 +452,16 @@ class Sm100GroupedGemmKernel:
         c = self.output_tensor(dim, dim, 0)
         g2s = cpasync.CopyBulkTensorTileG2SOp(self.cta_group)
         cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
-        one_stage = lambda layout: cute.slice_(layout, (None, None, None, 0))
-        tma_atom_a, tma_a = cute.nvgpu.make_tiled_tma_atom_A(
-            g2s, a, one_stage(self.a_smem_layout_staged), self.tile_mnk, tiled_mma, cluster_vmnk.shape)
-        tma_atom_b, tma_b = cute.nvgpu.make_tiled_tma_atom_B(
-            g2s, b, one_stage(self.b_smem_layout_staged), self.tile_mnk, tiled_mma, cluster_vmnk.shape)
-        tma_atom_sfa, tma_sfa = cute.nvgpu.make_tiled_tma_atom_A(
-            g2s, sfa, one_stage(self.sfa_smem_layout_staged), self.tile_mnk, tiled_mma,
-            cluster_vmnk.shape, internal_type=cutlass.Int16)
-        tma_atom_sfb, tma_sfb = cute.nvgpu.make_tiled_tma_atom_B(
-            g2s, sfb, one_stage(self.sfb_smem_layout_staged), self.tile_mnk, tiled_mma,
-            cluster_vmnk.shape, internal_type=cutlass.Int16)
+
+        def load_atom(make, tensor, staged, **kwargs):  # a TMA load of one stage of `staged`
+            stage = cute.slice_(staged, (None, None, None, 0))
+            return make(g2s, tensor, stage, self.tile_mnk, tiled_mma, cluster_vmnk.shape, **kwargs)
+        tma_atom_a, tma_a = load_atom(cute.nvgpu.make_tiled_tma_atom_A, a, self.a_smem_layout_staged)
+        tma_atom_b, tma_b = load_atom(cute.nvgpu.make_tiled_tma_atom_B, b, self.b_smem_layout_staged)
+        tma_atom_sfa, tma_sfa = load_atom(cute.nvgpu.make_tiled_tma_atom_A, sfa, self.sfa_smem_layout_staged,
+                                          internal_type=cutlass.Int16)
+        tma_atom_sfb, tma_sfb = load_atom(cute.nvgpu.make_tiled_tma_atom_B, sfb, self.sfb_smem_layout_staged,
+                                          internal_type=cutlass.Int16)
         tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), c,
             cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile)
