@@ -27,16 +27,13 @@ Pipelines (producer -> consumer, arrive counts; `check_sm100_warp_roles`):
   acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits twice in TMEM): MMA warp
        (1 arrive, tcgen05.commit) -> epilogue (4 arrives, one elected thread per epilogue warp)
   c    PipelineTmaStore, `num_c_stages` shared-memory buffers, epilogue warps.
-Stages: as many A/B/SFA/SFB stages as fit in shared memory beside the C buffers, the barriers and the
-tensormaps (`_compute_stages`). TMEM: 512 columns per CTA: `num_acc_stages` x tile_n fp32 accumulator columns,
-then the SFA and SFB columns of one K stage (copied per stage by the MMA warp). Every role walks the same tiles
-(`TileScheduler`); a role that moves to another group rewrites its TMA descriptors (`CtaTensormaps`).
-
-Dtypes, configuration, stage counts and layouts are compile-time; problem sizes, pointers and the group, tile
-and CTA counts run-time: one compile per configuration and architecture serves every shape set
-(`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a new input once and
-relaunches a known one with one call. Standalone: imports only torch, cutlass and `task` (the leaderboard
-copies only this file).
+Stages: as many A/B/SFA/SFB stages as fit beside the C buffers, barriers and tensormaps (`_compute_stages`).
+TMEM (512 columns): `num_acc_stages` x tile_n fp32 accumulator columns, then the SFA, SFB columns of one K stage.
+Every role walks the same tiles (`TileScheduler`); one moving to another group rewrites its TMA descriptors
+(`CtaTensormaps`). Sizes, pointers and counts are run-time: one compile per configuration and architecture
+serves every shape set (`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a
+new input once and relaunches a known one with one call. Imports only torch, cutlass and `task` (the
+leaderboard copies only this file).
 """
 import ctypes
 import dataclasses
@@ -80,6 +77,7 @@ THREADS_PER_CTA = 32 * (len(EPILOGUE_WARPS) + 2)
 # Named barriers (0 is __syncthreads)
 EPILOGUE_BARRIER_ID = 1  # the epilogue warps among themselves
 TMEM_ALLOC_BARRIER_ID = 2  # epilogue warps + MMA warp: TMEM address published
+EPILOGUE_THREADS = 32 * len(EPILOGUE_WARPS)  # named barrier EPILOGUE_BARRIER_ID, the c pipeline's producers
 ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue warp
 
 TENSORMAPS_PER_CTA = 5  # workspace slots per CTA: A', B', SFA', SFB', D' (all used here)
@@ -93,24 +91,21 @@ PATH_B200 = "b200-tcgen05"
 
 
 def check_sm100_warp_roles() -> None:
-    """Fail on the host, before any compile, where the warp roles and the
-    barrier and pipeline arrive counts disagree (on a B200 that would hang)."""
+    """Fail on the host, before any compile, where warp roles and arrive counts disagree (a B200 would hang)."""
     warps = THREADS_PER_CTA // 32
     assert THREADS_PER_CTA % 32 == 0
     assert sorted((*EPILOGUE_WARPS, MMA_WARP, TMA_WARP)) == list(range(warps)), "each warp has one role"
     # tcgen05.ld: warp w reads TMEM lanes 32 (w % 4) .. + 31: four epilogue warps must cover w % 4 = 0..3
     assert sorted(w % 4 for w in EPILOGUE_WARPS) == [0, 1, 2, 3]
-    assert MMA_WARP > max(EPILOGUE_WARPS) and TMA_WARP > max(EPILOGUE_WARPS), \
-        "the kernel dispatches the epilogue as warp_idx < MMA_WARP"
+    assert MMA_WARP > max(EPILOGUE_WARPS) < TMA_WARP, "the kernel dispatches the epilogue as warp_idx < MMA_WARP"
     assert ACC_CONSUMER_ARRIVES == len(EPILOGUE_WARPS)
     assert len({0, EPILOGUE_BARRIER_ID, TMEM_ALLOC_BARRIER_ID}) == 3
 
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """A compile-time configuration of the B200 kernel: the scheduler's tile of D' (tile_m x tile_n, one CTA's
-    MMA tile) and whether A and B are swapped. The launcher uses only these fields and the methods below, so a
-    kernel for another architecture (hopper.py) subclasses it."""
+    """A B200 kernel configuration: the scheduler's (and CTA's MMA) tile of D' and whether A, B are swapped. The
+    launcher uses only these fields and methods, so another architecture's kernel (hopper.py) subclasses it."""
     name: str
     tile_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
     tile_n: int  # CTA tile along N' (128 or 256)
@@ -128,10 +123,8 @@ class TileConfig:
         return ctas * TENSORMAP_I64_PER_CTA
 
 
-TILE_CONFIGS = {
-    "128x128": TileConfig("128x128", 128, 128, swap_ab=False),
-    "swap-128x256": TileConfig("swap-128x256", 128, 256, swap_ab=True),
-}
+TILE_CONFIGS = {c.name: c for c in (TileConfig("128x128", 128, 128),
+                                     TileConfig("swap-128x256", 128, 256, swap_ab=True))}
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -167,8 +160,7 @@ def persistent_ctas(tiles: int, num_sms: int) -> int:
 
 
 # ==== Cost model: which configuration for which problem sizes ========================================================
-# Assumptions (B200 at the problem statement's 1.5 GHz; all are model inputs,
-# none was measured by this project):
+# Assumptions (B200 at the problem statement's 1.5 GHz; model inputs, none measured by this project):
 MODEL_DRAM_BYTES_PER_S = 7.68e12  # reproduces the statement's four speeds of light
 MODEL_FP4_FLOPS_PER_SM = 32768 * 1.5e9  # dense FP4 per SM per second
 MODEL_SM_LOAD_BYTES_PER_S = 128 * 1.5e9  # what one SM can take in from L2 (128 B/clock)
@@ -187,10 +179,9 @@ ModelEstimate = NamedTuple("ModelEstimate", [("config", str), ("tiles", int), ("
 
 
 def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT) -> ModelEstimate:
-    """Modeled B200 time of one launch with `config` (see the assumptions above): static round-robin of
-    tiles over min(tiles, SMs) CTAs. A CTA streams its tiles' K stages at min(stages in
-    flight / latency, the SM's load rate) and is bounded below by its FP4 math; the launch takes the larger of
-    its busiest CTA and the DRAM time of the unique bytes, plus fixed costs."""
+    """Modeled B200 time of one launch (the assumptions above): tiles round-robin over min(tiles, SMs) CTAs, each
+    streaming its K stages at min(stages in flight / latency, the SM's load rate), at least its FP4 math time;
+    the launch takes the larger of its busiest CTA and the unique bytes' DRAM time, plus fixed costs."""
     tiles = []
     unique_bytes = 0
     for size in problem_sizes:
@@ -228,8 +219,7 @@ EPI_TILE_BYTES = 128 * 32 * 2  # epilogue subtile: 128 rows x 32 columns of fp16
 
 
 def _compute_stages_for_model(config: TileConfig) -> int:
-    """A/B/SFA/SFB stages the kernel will have, from byte counts alone (the
-    kernel computes the same from its layouts; a test checks they agree)."""
+    """The kernel's A/B/SFA/SFB stages from byte counts alone (it counts its layouts; a test checks they agree)."""
     c_bytes = NUM_C_STAGES * EPI_TILE_BYTES
     tensormap_bytes = TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP
     return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // stage_bytes(config)
@@ -246,9 +236,8 @@ def stage_bytes(config: TileConfig) -> int:
 @cute.jit
 def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                 tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
-    """Linear tile index -> (group, its first linear tile, m'-tile, n'-tile): tiles numbered group by group,
-    M' tiles fastest, in the run-time (G, 4) table M', N', K, L. The search resumes at the caller's previous
-    tile's group (a CTA's tiles only move forward)."""
+    """Linear tile -> (group, its first linear tile, m'-tile, n'-tile): tiles numbered group by group, M' tiles
+    fastest, over the (G, 4) table M', N', K, L; the search resumes at the previous tile's group."""
     tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
     group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     while tile >= group_end:
@@ -261,8 +250,7 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
 
 
 class WorkTile(NamedTuple):
-    """One tile of D': its group, M'- and N'-tile indices, and whether its group differs from the previous
-    tile's (or it is the CTA's first): a role's descriptors then need rewriting."""
+    """One tile of D': group, M'- and N'-tile, and whether the group is new to the CTA (descriptors to rewrite)."""
     group: object
     m_tile: object
     n_tile: object
@@ -272,8 +260,7 @@ class WorkTile(NamedTuple):
 
     @property
     def k_tiles(self):
-        """The group's K stages (K is a multiple of K_MULTIPLE, which every tile_k divides), read where used
-        rather than kept live across a descriptor rewrite."""
+        """The group's K stages (K_MULTIPLE divides K, every tile_k divides K_MULTIPLE), read where used."""
         return self.problem_sizes[self.group, 2] // self.tile_k
 
 
@@ -356,8 +343,7 @@ class CtaTensormaps:
         self.manager.update_tensormap(tuple(tensors), self.atoms, self.gmem, self.warp, self.smem)
 
     def publish(self) -> None:
-        """Copy to global memory (release), acquire, and prefetch each (a hint
-        that DSL 4.3.x, without `cute.arch.prefetch`, skips)."""
+        """Copy to global memory (release), acquire, prefetch (a hint DSL 4.3.x, without it, skips) each."""
         prefetch = getattr(cute.arch, "prefetch", None)
         for gmem in self.gmem:
             self.manager.fence_tensormap_update(gmem)
@@ -395,8 +381,7 @@ Sm100SmemLayouts = NamedTuple("Sm100SmemLayouts", [(f, object) for f in ("a", "b
 
 
 class Sm100GroupedGemmKernel:
-    """Persistent warp-specialized grouped NVFP4 GEMM; see the module docstring
-    for roles, pipelines, stages, TMEM and the scheduler."""
+    """Persistent warp-specialized grouped NVFP4 GEMM (roles, pipelines, stages, TMEM: the module docstring)."""
 
     def __init__(self, config: TileConfig):
         check_sm100_warp_roles()
@@ -537,7 +522,7 @@ class Sm100GroupedGemmKernel:
         acc_shape = tiled_mma.partition_shape_C(self.tile_mnk[:2])
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stages))
         tmem_alloc_barrier = pipeline.NamedBarrier(
-            barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=32 * (len(EPILOGUE_WARPS) + 1))
+            barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=EPILOGUE_THREADS + 32)
 
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
@@ -635,12 +620,9 @@ class Sm100GroupedGemmKernel:
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory descriptors
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
-
         tmem_alloc_barrier.arrive_and_wait()  # epilogue warp 0 has allocated TMEM
-        acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
-            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=smem.tmem_holding)
-        # (MMA, MMA_M, MMA_N, ACC_STAGE), then the scale factors of one K stage
-        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
+        acc_tmem_ptr, tCtAcc_base = self.tmem_accumulator(smem, tCtAcc_fake)
+        # then the scale factors of one K stage
         acc_columns = tcgen05.find_tmem_tensor_col_offset(tCtAcc_base)
         tCtSFA = cute.make_tensor(
             cute.recast_ptr(acc_tmem_ptr + acc_columns, dtype=SF_DTYPE), blockscaled_utils.make_tmem_layout_sfa(
@@ -655,7 +637,6 @@ class Sm100GroupedGemmKernel:
         copy_sfa, tCsSFA_s2t, tCtSFA_s2t = self.s2t_copy_and_partition(sSFA, tCtSFA)
         copy_sfb, tCsSFB_s2t, tCtSFB_s2t = self.s2t_copy_and_partition(sSFB, tCtSFB)
         num_kblocks = cute.size(tCrA, mode=[2])
-
         consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_acc_stages)
         while scheduler.has_work():
@@ -681,6 +662,13 @@ class Sm100GroupedGemmKernel:
             scheduler.advance()
         acc_pipeline.producer_tail(acc_state)
 
+    @staticmethod
+    def tmem_accumulator(smem, tCtAcc_fake):
+        """(TMEM base address, (MMA, MMA_M, MMA_N, ACC_STAGE) accumulators) once TMEM is allocated."""
+        acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(ACC_DTYPE, alignment=16,
+                                                   ptr_to_buffer_holding_addr=smem.tmem_holding)
+        return acc_tmem_ptr, cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
+
     def s2t_copy_and_partition(self, sSF, tSF):
         """Shared -> tensor memory copy of one stage of scale factors: (tiled copy, ((ATOM_V, REST_V),
         REST_TILER, MMA_MN, MMA_K, STAGE) source, ((ATOM_V, REST_V), REST_TILER, MMA_MN, MMA_K) destination)."""
@@ -696,28 +684,22 @@ class Sm100GroupedGemmKernel:
     @cute.jit
     def epilogue(self, layouts, smem, acc_pipeline, problem_sizes, scheduler, tensormaps, tiled_mma, tCtAcc_fake,
                  tmem_alloc_barrier, mC_mnl, abc_ptrs):
-        """Per tile, the accumulator to fp16 D' in 128 x 32 subtiles: TMEM ->
-        registers -> shared memory -> TMA store (warp 0 allocates TMEM)."""
+        """Per tile, the accumulator to fp16 D' in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store."""
         tma_atom_c = tensormaps.atoms[0]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        epilogue_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID, num_threads=32 * len(EPILOGUE_WARPS))
+        epilogue_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID, num_threads=EPILOGUE_THREADS)
         leader = warp_idx == EPILOGUE_WARPS[0]
         tensormaps.init_from_atoms()
         if leader:
             cpasync.prefetch_descriptor(tma_atom_c)
             cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding)
         tmem_alloc_barrier.arrive_and_wait()
-        acc_tmem_ptr = cute.arch.retrieve_tmem_ptr(
-            ACC_DTYPE, alignment=16, ptr_to_buffer_holding_addr=smem.tmem_holding)
-        # (MMA, MMA_M, MMA_N, ACC_STAGE)
-        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
-        # (EPI_TILE_M, EPI_TILE_N, STAGE)
-        sC = smem.c
+        acc_tmem_ptr, tCtAcc_base = self.tmem_accumulator(smem, tCtAcc_fake)
+        sC = smem.c  # (EPI_TILE_M, EPI_TILE_N, STAGE)
         # (MMA, MMA_M, MMA_N, REST_M, REST_N, REST_L) over the placeholder D'
         tCgC = tiled_mma.get_slice(0).partition_C(
             cute.local_tile(mC_mnl, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None)))
-
         # TMEM -> registers: (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
         copy_t2r = tcgen05.make_tmem_copy(
             sm100_utils.get_tmem_load_op(self.tile_mnk, self.c_layout, C_DTYPE, ACC_DTYPE,
@@ -740,8 +722,7 @@ class Sm100GroupedGemmKernel:
             tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi, 0, 2))
         c_pipeline = pipeline.PipelineTmaStore.create(
             num_stages=self.num_c_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(EPILOGUE_WARPS)))
-
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, EPILOGUE_THREADS))
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
         subtiles_done = cutlass.Int32(0)
         while scheduler.has_work():
@@ -777,7 +758,6 @@ class Sm100GroupedGemmKernel:
                 acc_pipeline.consumer_release(acc_state)  # one arrive per epilogue warp
             acc_state.advance()
             scheduler.advance()
-
         if leader:
             cute.arch.relinquish_tmem_alloc_permit()
         epilogue_barrier.arrive_and_wait()
@@ -800,9 +780,8 @@ def target_arch() -> str:
 
 
 def compile_grouped_gemm(config: TileConfig):
-    """(compiled host function, kernel object) for `config` (this module's or hopper.py's:
-    `config.make_kernel()`), compiled on first use, keyed only on the configuration and the target
-    architecture (sizes, counts and grid are run-time). No GPU needed when CUTE_DSL_ARCH names the target."""
+    """(compiled host function, kernel) for `config` (`config.make_kernel()`, here or in hopper.py), compiled once
+    per configuration and target architecture; no GPU needed when CUTE_DSL_ARCH names the target."""
     key = (config, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
@@ -823,24 +802,19 @@ def compile_with_placeholders(kernel):
 # ==== Input validation (host only; runs before any launch) ===========================================================
 @functools.lru_cache(maxsize=1024)
 def _expected_tensors(m: int, n: int, k: int) -> tuple:
-    """(name, dtype, shape, strides) of a, b, c, sfa_reordered, sfb_reordered for a group of
-    sizes (M, N, K, 1), as the leaderboard makes them: a scale-factor view of R rows has shape
-    [32, 4, ceil(R/128), 4, K/64, 1] over contiguous [1, ceil(R/128), K/64, 32, 4, 4]."""
+    """(name, dtype, shape, strides) of a, b, c, sfa_reordered, sfb_reordered of sizes (M, N, K, 1) as the
+    leaderboard makes them (scale factors: [32, 4, ceil(R/128), 4, K/64, 1] over [1, ceil(R/128), K/64, 32, 4, 4])."""
     k_blocks = ceil_div(k // SF_VEC_SIZE, 4)
     sfa, sfb = (((32, 4, row_blocks, 4, k_blocks, 1), (16, 4, k_blocks * 512, 1, 512, row_blocks * k_blocks * 512))
                 for row_blocks in (ceil_div(m, 128), ceil_div(n, 128)))
-    return (
-        ("a", torch.float4_e2m1fn_x2, (m, k // 2, 1), (k // 2, 1, m * k // 2)),
-        ("b", torch.float4_e2m1fn_x2, (n, k // 2, 1), (k // 2, 1, n * k // 2)),
-        ("c", torch.float16, (m, n, 1), (n, 1, m * n)),
-        ("sfa_reordered", torch.float8_e4m3fn, *sfa),
-        ("sfb_reordered", torch.float8_e4m3fn, *sfb),
-    )
+    return (("a", torch.float4_e2m1fn_x2, (m, k // 2, 1), (k // 2, 1, m * k // 2)),
+            ("b", torch.float4_e2m1fn_x2, (n, k // 2, 1), (k // 2, 1, n * k // 2)),
+            ("c", torch.float16, (m, n, 1), (n, 1, m * n)),
+            ("sfa_reordered", torch.float8_e4m3fn, *sfa), ("sfb_reordered", torch.float8_e4m3fn, *sfb))
 
 
 def validate_input(data) -> None:
-    """Raise ValueError naming the group and the problem if `data` is not a well-formed input
-    this module can compute; return None otherwise."""
+    """Raise ValueError naming the group and the problem if `data` is not an input this module can compute."""
     placed = validate_structure(data)
     # Devices last, so that everything else can be exercised on a CPU.
     device = placed[0][2]
@@ -908,9 +882,8 @@ def validate_structure(data) -> list:
 
 # ==== Host launcher, part 1 (no GPU needed): one pass checks a new input and reads the kernel's tables ===============
 class ShapePlan(NamedTuple):
-    """What one set of problem sizes on one device fixes: `size_words` (the tables' sizes part),
-    `signature` (per group the exact dtype, shape, strides and device index of a, b, c, sfa_reordered
-    and sfb_reordered, as `gather_tables` reads them), `workspace_words` (`TileConfig.workspace_words`)."""
+    """What a set of sizes on a device fixes: `size_words` (the tables' sizes part), `signature` (per group the
+    dtype, shape, strides, device index of a, b, c, sfa_r, sfb_r as `gather_tables` reads them), workspace."""
     config: TileConfig
     size_words: Tuple[int, ...]
     tiles: int
@@ -920,8 +893,7 @@ class ShapePlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int,
-               config: Optional[TileConfig] = None) -> ShapePlan:
+def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Optional[TileConfig] = None) -> ShapePlan:
     """Raises ValueError, naming the group, for sizes the kernel cannot take. `config` fixed, else
     the cost model's `choose_config`, called once the sizes are known to be valid."""
     for g, size in enumerate(problem_sizes):
@@ -931,17 +903,14 @@ def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int,
     ctas = persistent_ctas(tiles, num_sms)
     size_words = tuple(w for mp, np_, k, l in (kernel_problem(s, config) for s in problem_sizes)
                        for w in (mp | np_ << 32, k | l << 32))
-    signature = tuple(
-        tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
-              for x in (dtype, shape, strides, device_index))
-        for m, n, k, _ in problem_sizes)
+    signature = tuple(tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
+                            for x in (dtype, shape, strides, device_index)) for m, n, k, _ in problem_sizes)
     return ShapePlan(config, size_words, tiles, ctas, signature, config.workspace_words(problem_sizes, ctas))
 
 
 def table_offsets(num_groups: int) -> Tuple[int, int, int]:
-    """Word offsets of the parts of the kernel's tables, one list of int64 words: abc (G, 3) addresses
-    of A', B', D'; sf (G, 2) addresses of SFA', SFB'; sizes (G, 4) int32 M', N', K, L (two per word).
-    Each part starts on an even word: the kernel assumes 16-byte aligned tables."""
+    """Offsets in the kernel's int64 tables of abc (G, 3) A', B', D' and sf (G, 2) SFA', SFB' addresses and sizes
+    (G, 4) int32 M', N', K, L, two per word; each on an even word (the kernel assumes 16-byte aligned tables)."""
     sf_at = 3 * num_groups + num_groups % 2
     return 0, sf_at, sf_at + 2 * num_groups
 
@@ -954,11 +923,8 @@ def gather_tables(data, shape: ShapePlan, check: bool = True) -> Optional[list]:
     swap = shape.config.swap_ab
     abc_words, sf_words = [], []
     for (a, b, c), (sfa, sfb), want in zip(abc_tensors, sfasfb_reordered_tensors, shape.signature):
-        if check and (a.dtype, a.shape, a.stride(), a.get_device(),
-                      b.dtype, b.shape, b.stride(), b.get_device(),
-                      c.dtype, c.shape, c.stride(), c.get_device(),
-                      sfa.dtype, sfa.shape, sfa.stride(), sfa.get_device(),
-                      sfb.dtype, sfb.shape, sfb.stride(), sfb.get_device()) != want:
+        got = tuple(x for t in (a, b, c, sfa, sfb) for x in (t.dtype, t.shape, t.stride(), t.get_device()))
+        if check and got != want:
             return None
         pa, pb, pc, psfa, psfb = a.data_ptr(), b.data_ptr(), c.data_ptr(), sfa.data_ptr(), sfb.data_ptr()
         if check and (pa | pb | pc | psfa | psfb) % PTR_ALIGN_BYTES:
@@ -969,9 +935,8 @@ def gather_tables(data, shape: ShapePlan, check: bool = True) -> Optional[list]:
 
 
 def input_key(data) -> tuple:
-    """Identity of an input for the plan cache: the Python objects of all its tensors and its
-    problem sizes. A plan registers weak references on those tensors and is dropped when any
-    of them dies, so an id can never be reused by a live tensor while a plan keyed on it exists."""
+    """Identity of an input for the plan cache: its tensors' Python objects and its sizes. A plan holds weak
+    references to those tensors and goes when one dies, so no live tensor can reuse an id a plan is keyed on."""
     abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
     chain = itertools.chain.from_iterable
     return (*map(id, chain(abc_tensors)), *map(id, chain(sfasfb_reordered_tensors)), *map(tuple, problem_sizes))
@@ -1011,10 +976,9 @@ def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None
 
 
 class StreamResources:
-    """What every plan launched on one (device, stream) shares: the workspace (launches on one stream run
-    one after another, and each CTA rewrites its descriptors from the kernel's own before first use),
-    and an arena of table slots. A slot freed by its plan is reused only by plans built on this stream,
-    whose table copy is ordered after every earlier launch there."""
+    """What plans on one (device, stream) share: the workspace (launches on a stream run one after another;
+    each CTA rewrites its descriptors before first use), and an arena of table slots; a freed slot is reused
+    only by plans built on this stream, whose table copy is ordered after every earlier launch there."""
 
     def __init__(self, device_index: int, stream: int):
         self.device_index = device_index
@@ -1043,8 +1007,7 @@ HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 8)
 
 
 def host_arguments(values):
-    """The B200 kernel's host-function arguments as CuTe DSL objects, from
-    (sizes table, abc table, sf table, workspace, groups, tiles, CTAs)."""
+    """The host function's arguments as DSL objects, from (sizes, abc, sf tables, workspace, groups, tiles, CTAs)."""
     sizes, abc, sf, workspace, groups, tiles, ctas = values
     gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
     return (gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc), gmem(cutlass.Int64, sf),
@@ -1053,16 +1016,14 @@ def host_arguments(values):
 
 
 def _execution_args(compiled):
-    """The DSL's argument converter of a compiled function: `execution_args` (4.5 and later) or
-    `args_spec` (4.3), or None."""
+    """The DSL's argument converter of a compiled function: `execution_args` (4.5+), `args_spec` (4.3) or None."""
     converters = (getattr(compiled, name, None) for name in ("execution_args", "args_spec"))
     return next((c for c in converters if hasattr(c, "generate_execution_args")), None)
 
 
 @functools.lru_cache(maxsize=None)
 def _cu_stream_type():
-    """cuda-python's CUstream (the type the DSL's host functions take for a stream), from the
-    module path of the installed cuda-python, or None."""
+    """cuda-python's CUstream (what the DSL's host functions take for a stream) where installed, else None."""
     try:
         from cuda.bindings.driver import CUstream
     except ImportError:
@@ -1083,8 +1044,7 @@ def argument_layout_matches(compiled) -> bool:
     # Addresses beyond 32 bits, so that a 4-byte conversion cannot pass.
     values = (0x1111_2222_3330, 0x2222_3333_4440, 0x3333_4444_5550, 0x4444_5555_6600, 5, 6, 7, 0x7777_5a5a_0000)
     try:
-        converted, _keep = execution_args.generate_execution_args(
-            host_arguments(values[:7]) + (CUstream(values[7]),), {})
+        converted, _ = execution_args.generate_execution_args(host_arguments(values[:7]) + (CUstream(values[7]),), {})
     except Exception:  # any release-specific failure means: not this layout
         return False
     if len(converted) != len(values):
@@ -1108,11 +1068,10 @@ def pack_host_arguments(values, stream: int, extras) -> Tuple[ctypes.Array, int]
 
 
 class HostFunction:
-    """A compiled kernel's host function on one device, called with argument storage owned here. CuTe DSL
-    converts every argument on every call, most of a call's host time; its host function takes one array: each
-    argument value's address, then the executor's entries (its CUDA error cell, the kernels' handles). Where the
-    release converts as `argument_layout_matches` expects, a plan owns such an array per stream and a launch is
-    one call; elsewhere the DSL converts a plan's arguments once per stream (`bind`)."""
+    """A compiled kernel's host function on one device, called with argument storage owned here. The DSL converts
+    every argument on every call (most of a call's host time) into one array: each value's address, then the
+    executor's entries (CUDA error cell, kernel handles). Where the release does so as `argument_layout_matches`
+    expects, a plan owns such an array per stream; elsewhere the DSL converts once per stream (`bind`)."""
 
     def __init__(self, compiled, device_index: int):
         self.compiled = compiled
@@ -1131,8 +1090,7 @@ class HostFunction:
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
 
     def bind(self, values, stream: int):
-        """Launch the kernel with `values` (see `host_arguments`) on `stream` now, and return a
-        zero-argument function that launches it so again."""
+        """Launch with `values` (`host_arguments`) on `stream` now; return a function launching so again."""
         if self.capi is None:  # through the DSL's own conversion, kept for the next launches
             compiled, args = self.compiled, host_arguments(values) + (_cu_stream_type()(stream),)
             execution_args, run = _execution_args(compiled), getattr(compiled, "run_compiled_program", None)
@@ -1154,8 +1112,8 @@ class HostFunction:
 
 
 class LaunchPlan:
-    """One input's launch, built on the current stream: its tables in a slot of its stream's arena
-    (a dedicated allocation beyond TABLE_SLOT_WORDS), and a launch function per CUDA stream."""
+    """One input's launch, built on the current stream: its tables in a slot of its stream's arena (beyond
+    TABLE_SLOT_WORDS, an allocation of its own), and a launch function per CUDA stream."""
 
     def __init__(self, words: list, shape: ShapePlan, compiled, device_index: int, owner: "GroupedGemmLauncher"):
         self.device_index = device_index
@@ -1164,8 +1122,8 @@ class LaunchPlan:
         self.home = owner.stream_resources(device_index, current_stream_handle(device_index))
         self.words = words
         self.slot = self.home.take_slot() if len(words) <= TABLE_SLOT_WORDS else None
-        self.tables = self.slot if self.slot is not None else torch.empty(
-            len(words), dtype=torch.int64, device=device_index)
+        self.tables = self.slot if self.slot is not None else torch.empty(len(words), dtype=torch.int64,
+                                                                          device=device_index)
         copy_words_to_device(words, self.tables, self.home.stream)
         abc_at, sf_at, sizes_at = table_offsets(len(shape.signature))
         self.table_addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
@@ -1198,12 +1156,10 @@ class LaunchPlan:
 
 
 class GroupedGemmLauncher:
-    """custom_kernel's host path, for the B200 kernel (and the Hopper kernel of `hopper.py`, which takes
-    the same arguments). The first call with an input (cold) checks it and reads its tables in one pass
-    (`gather_tables`; `validate_input` rules on anything not exactly in the leaderboard's layout), copies
-    the tables into a slot of the stream's arena and makes a `plan_class` (LaunchPlan); a later call with
-    the same tensor objects and sizes (warm, the leaderboard's timing loop) only launches. C is recomputed
-    on every call: only metadata is cached, never results. `compile_fn(config)` returns (compiled, kernel)."""
+    """custom_kernel's host path (the B200 kernel's; hopper.py's, same arguments). A new input (cold) is checked
+    and tabulated in one pass (`gather_tables`; else `validate_input` rules), its tables copied to an arena slot,
+    a `plan_class` made; the same tensor objects and sizes again (warm: the timing loop) only launch. Only
+    metadata is cached, never results. `compile_fn(config)` returns (compiled, kernel)."""
 
     plan_class = LaunchPlan
 
@@ -1238,8 +1194,7 @@ class GroupedGemmLauncher:
         return plan
 
     def check_and_gather(self, data, config: Optional[TileConfig]) -> Tuple[ShapePlan, list, int]:
-        """A new input's ShapePlan, table words and device index; ValueError naming the group and
-        the problem if it is not valid."""
+        """A new input's ShapePlan, table words and device index; ValueError naming group and problem."""
         def gather(check: bool) -> Tuple[ShapePlan, Optional[list], int]:
             device_index = data[0][0][0].get_device()
             shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config)
@@ -1255,8 +1210,7 @@ class GroupedGemmLauncher:
         return gathered
 
     def register(self, plan, key, data) -> None:
-        """Cache `plan` under `key` until one of the input's tensors dies or it is the oldest of
-        more than `max_plans`."""
+        """Cache `plan` under `key` until one of the input's tensors dies or it is the oldest of `max_plans`."""
         def forget(_ref, plans=self.plans, key=key):
             gone = plans.pop(key, None)
             if gone is not None:
@@ -1268,8 +1222,7 @@ class GroupedGemmLauncher:
 
     @staticmethod
     def num_sms(device_index: int) -> int:
-        """The SM count of CUDA device `device_index`; ValueError for a CPU tensor's -1 (then
-        `validate_input` names the group and tensor)."""
+        """The SM count of CUDA device `device_index`; ValueError for a CPU tensor's -1 (`validate_input` rules)."""
         if device_index < 0:
             raise ValueError("the input is not on a CUDA device")
         return sm_count(device_index)
@@ -1291,16 +1244,14 @@ def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
 
 
 # ==== Entry point ====================================================================================================
-# Code paths beside this module's B200 kernel: {(major, minor) or None: (label, run)}; None serves
-# any CUDA GPU without a path of its own. A module holding one registers it when imported (hopper.py:
-# sm_90; portable.py: None); this file imports none (the leaderboard copies only it, runs only B200).
+# Code paths beside the B200 kernel: {(major, minor) or None (any other CUDA GPU): (label, run)}, registered by
+# the module holding one when imported (hopper.py: sm_90; portable.py: None); this file imports none.
 EXTRA_PATHS: Dict[Optional[Tuple[int, int]], Tuple[str, Callable[[input_t], output_t]]] = {}
 PATH_NONE = "none"  # a GPU that is not a B200, with no path registered for it
 
 
 def register_path(capability: Optional[Tuple[int, int]], label: str, run: Callable[[input_t], output_t]) -> None:
-    """Make `run` custom_kernel's path for GPUs of `capability` (None: every
-    GPU without a path of its own); `run` validates its input itself."""
+    """Make `run` (which validates its input) custom_kernel's path for `capability` (None: the other GPUs)."""
     if capability == (10, 0):
         raise ValueError("sm_100 runs this module's B200 kernel")
     EXTRA_PATHS[capability] = (label, run)
@@ -1327,9 +1278,8 @@ _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device
 
 
 def custom_kernel(data: input_t) -> output_t:
-    """Compute every group's C in place and return the list of C tensors. Malformed input raises
-    ValueError before anything runs: the launcher checks each new input once (a repeated input was
-    already checked); a registered path checks its own."""
+    """Compute every group's C in place and return the list of C tensors. Malformed input raises ValueError
+    before anything runs (the launcher checks each new input once; a registered path checks its own)."""
     try:
         index = data[0][0][0].get_device()
     except (TypeError, IndexError, KeyError, AttributeError):
