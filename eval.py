@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from harness import NUM_INPUTS_PER_BENCHMARK, SEED_STEP, benchmark_inputs, clone_data, flush_l2, load_submission
+from harness import (NUM_INPUTS_PER_BENCHMARK, SEED_STEP, benchmark_inputs, clone_data, flush_description, flush_l2,
+                     load_submission)
 
 # As on the leaderboard: nothing compiled is reused from disk.
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
@@ -786,6 +787,8 @@ def print_report(rows: list, path: str):
             if not r["ok"]:
                 print(f"       {r['message'][:600]}")
     if benches:
+        print(f"\nTiming: the leaderboard's loop, GPU time per call (15 inputs back to back per sample); L2 flush: "
+              f"{flush_description()}.")
         print(f"\nBenchmarks, path {path} (% SOL: share of the B200 speed of light; "
               "below 100 % means slower than a B200 could be):")
         print(f"  {'#':>2} {'status':<6} {'mean us':>9} {'best us':>9} {'TFLOP/s':>8} "

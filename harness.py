@@ -2,16 +2,24 @@
 
 A benchmark is timed on 15 distinct inputs called back to back, the i-th
 generated with the benchmark's seed plus 42 * i; the check runs on clones made
-before the timed calls, and every sample starts by flushing L2. eval.py (the
-protocol and the people's CLI) and hostbench.py (host time per call) both need
-these, so they live here and neither of those two imports the other.
+before the timed calls, and every sample starts by flushing L2 as the
+leaderboard does (`flush_l2`). eval.py (the protocol and the people's CLI) and
+hostbench.py (host time per call) both need these, so they live here and
+neither of those two imports the other.
 
 torch and reference are imported inside the functions, so that importing eval
 stays as light as it was.
 """
 NUM_INPUTS_PER_BENCHMARK = 15  # distinct inputs timed back to back per sample
 SEED_STEP = 42  # added to a benchmark's seed before each of its inputs
-L2_FLUSH_BYTES = 1 << 30  # written before every sample; several times any L2
+# The leaderboard's flush before every sample (its clear_l2_cache_large): 64 GB of fp32 randn. It also keeps
+# the GPU busy for milliseconds while the host issues the timed calls, so host time counts only where a call
+# blocks and a sample measures GPU time: the kernels and the gaps between them.
+LEADERBOARD_FLUSH_SHAPE = (16000, 1024, 1024)
+LEADERBOARD_FLUSH_BYTES = 4 * 16000 * 1024 * 1024
+FLUSH_HEADROOM_BYTES = 8 << 30  # free memory beyond the flush for everything else
+FALLBACK_FLUSH_BYTES = 1 << 30  # where 64 GB do not fit: 1 GiB written (several times any L2) ...
+FALLBACK_QUEUE_CYCLES = 50_000_000  # ... then ~25-50 ms of queued GPU work (torch.cuda._sleep)
 
 
 def clone_data(data):
@@ -25,14 +33,39 @@ def clone_data(data):
 
 
 _l2_flush_buffer = None
+_flush_mode = None
+
+
+def flush_mode() -> str:
+    """How `flush_l2` flushes on this GPU (decided once): "leaderboard" (its 64 GB randn) where that fits in
+    free memory, else "fallback"."""
+    import torch
+    global _flush_mode
+    if _flush_mode is None:
+        free, _ = torch.cuda.mem_get_info()
+        _flush_mode = "leaderboard" if free >= LEADERBOARD_FLUSH_BYTES + FLUSH_HEADROOM_BYTES else "fallback"
+    return _flush_mode
+
+
+def flush_description() -> str:
+    if flush_mode() == "leaderboard":
+        return "the leaderboard's 64 GB torch.randn before every sample"
+    return ("1 GiB written, then ~25-50 ms of queued GPU work (torch.cuda._sleep), before every sample: "
+            "the leaderboard's 64 GB torch.randn does not fit here")
 
 
 def flush_l2():
+    """Before a sample, as the leaderboard does: its 64 GB randn (`flush_mode`), or where that does not fit
+    1 GiB written and enough queued GPU work that the host issues the 15 timed calls before it ends."""
     import torch
     global _l2_flush_buffer
+    if flush_mode() == "leaderboard":
+        torch.randn(LEADERBOARD_FLUSH_SHAPE, device="cuda")  # dropped at once; the allocator keeps the block
+        return
     if _l2_flush_buffer is None:
-        _l2_flush_buffer = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
+        _l2_flush_buffer = torch.empty(FALLBACK_FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
     _l2_flush_buffer.fill_(42)
+    torch.cuda._sleep(FALLBACK_QUEUE_CYCLES)
 
 
 def benchmark_inputs(args: dict) -> list:
