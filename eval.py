@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from harness import (NUM_INPUTS_PER_BENCHMARK, SEED_STEP, benchmark_inputs, clone_data, flush_description, flush_l2,
+from harness import (NUM_INPUTS_PER_BENCHMARK, benchmark_inputs, clone_data, flush_description, flush_l2,
                      load_submission)
 
 # As on the leaderboard: nothing compiled is reused from disk.
@@ -728,7 +728,9 @@ def environment_line() -> tuple:
     path = submission.code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
-    which = "the Hopper kernel of hopper.py" if path.startswith("hopper") else "the portable path of portable.py"
+    hopper = sys.modules.get("hopper")  # registered by load_submission where present
+    which = ("the Hopper kernel of hopper.py" if hopper is not None and path == hopper.PATH_HOPPER
+             else "the portable path of portable.py")
     return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
             f"running {which} instead [{path}].", True)
 

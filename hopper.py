@@ -295,7 +295,7 @@ class Sm90GroupedGemmKernel:
         self.roles = WARP_ROLES
 
     def _setup_attributes(self):
-        mbarriers = 2 * 8 * (MAX_AB_STAGES + NUM_REGISTER_BUFFERS)  # an upper bound
+        mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
         free = SMEM_CAPACITY - SMEM_RESERVED - SM90_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers
         self.num_ab_stages = min(MAX_AB_STAGES, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)

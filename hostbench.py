@@ -27,6 +27,7 @@ figures include waiting for the previous launches: the cost it has in the
 leaderboard's loop, where it keeps the host and the GPU in lockstep.
 """
 import statistics
+import sys
 import time
 
 import torch
@@ -164,11 +165,11 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
         return results
 
     path = submission.code_path(device)
+    hopper = sys.modules.get("hopper")  # registered by load_submission where present
     config = None  # the B200 cost model's choice per shape set
     if path == submission.PATH_B200:
         compile_fn, kernel = submission.compile_grouped_gemm, "B200 kernel"
-    elif path.startswith("hopper"):
-        import hopper
+    elif hopper is not None and path == hopper.PATH_HOPPER:
         compile_fn, config, kernel = submission.compile_grouped_gemm, hopper.SM90_CONFIG, "Hopper kernel (hopper.py)"
     else:
         compile_fn, kernel = standin_compile, "stand-in kernel (same parameters; this GPU has no tcgen05)"

@@ -15,13 +15,9 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 needs_b200 = pytest.mark.skipif(not IS_B200, reason="needs a B200 (sm_100) to run tcgen05")
 
 
-def load_submission():
-    """submission with hopper.py's sm_90 path registered, as eval.py uses it."""
-    from harness import load_submission
-    return load_submission()
+from harness import load_submission  # noqa: E402
 
-
-load_submission()
+load_submission()  # the sm_90 and portable paths registered, as eval.py has them
 
 
 def read_cases(name: str):

@@ -67,8 +67,9 @@ def test_custom_kernel_on_random_contract_shapes(seed):
 
 def test_code_path_label():
     capability = torch.cuda.get_device_capability()
-    hopper_label = importlib.import_module("hopper").PATH_HOPPER  # conftest imported it: the path is registered
-    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_label}.get(capability, "portable-torch")
+    # conftest imported hopper and portable: their paths are registered
+    hopper, portable = importlib.import_module("hopper"), importlib.import_module("portable")
+    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper.PATH_HOPPER}.get(capability, portable.PATH_PORTABLE)
     assert submission.code_path(torch.device("cuda")) == expected
 
 
@@ -78,7 +79,8 @@ def test_calls_do_not_block_the_host(case):
     the GPU would put its host time into the score. With ~1 s of GPU work queued, 15 cold calls (inputs never
     seen) and then 15 warm calls (the same again) all return while the stream is still busy."""
     from harness import benchmark_inputs
-    if submission.code_path(torch.device("cuda")) not in (submission.PATH_B200, "hopper-sm90"):
+    kernel_paths = (submission.PATH_B200, importlib.import_module("hopper").PATH_HOPPER)
+    if submission.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("only the kernel paths are non-blocking (the portable path copies a table to the GPU)")
     submission.custom_kernel(benchmark_inputs(case.args)[0])  # compiles outside the timed part, as a warm-up does
     inputs = benchmark_inputs(case.args)
