@@ -441,6 +441,9 @@ PTX_FEATURES = {
     "tensormap_replace": r"tensormap\.replace",
     "tensormap_release": r"tensormap\.cp_fenceproxy\.global\.shared::cta\.tensormap::generic\.release",
     "tensormap_acquire": r"fence\.proxy\.tensormap::generic\.acquire",
+    "tensormap_prefetch": r"prefetch\.(?:global\.)?tensormap",
+    "pdl_wait": r"griddepcontrol\.wait",
+    "pdl_launch_dependents": r"griddepcontrol\.launch_dependents",
     "scale_factor_copy": r"tcgen05\.cp\.cta_group::1",
     "tmem_load": r"tcgen05\.ld\.sync",
     "tmem_alloc": r"tcgen05\.alloc\.cta_group::1",
@@ -491,6 +494,12 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         row["direct_host_arguments"] = submission.argument_layout_matches(compiled)
     except Exception as error:  # 4.3.x: PTX written, then cuInit fails without a GPU
         stopped_at = describe_error(error)
+    builder_ptx = ""
+    if not stopped_at:  # the descriptor builder, the plan's other host function
+        try:
+            builder_ptx = ptx_text(submission.compile_with_placeholders(kernel.build_tensormaps))
+        except Exception as error:
+            row["builder_error"] = describe_error(error)
     row["compile_s"] = round(time.perf_counter() - start, 3)
     if not ptx:
         dumped = sorted(Path(dump_dir).glob("*.ptx"))
@@ -511,8 +520,20 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         if ptxas is None:
             raise RuntimeError("ptxas not found (set PTXAS or put CUDA's bin on PATH)")
         row.update(ptxas_report(ptx, arch, ptxas))
-        row["ok"] = row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
-        if not row["ok"]:
+        if builder_ptx:
+            row["builder_ptx_features"] = ptx_features(builder_ptx)
+            builder = ptxas_report(builder_ptx, arch, ptxas)
+            row.update(builder_registers=builder["registers"],
+                       builder_spill_bytes=builder["spill_store_bytes"] + builder["spill_load_bytes"])
+            if keep_dir:
+                row["builder_ptx_file"] = str(Path(keep_dir) / f"{config_name}.{arch}.builder.ptx")
+                Path(row["builder_ptx_file"]).write_text(builder_ptx.replace("\x00", ""))
+        row["ok"] = (row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
+                     and row.get("builder_spill_bytes", 0) == 0)
+        if "builder_error" in row:
+            row["ok"] = False
+            row["error"] = "descriptor builder: " + row["builder_error"]
+        elif not row["ok"]:
             row["error"] = "register spills"
         elif row["wgmma_serialized"]:  # ptxas waits for every wgmma: no overlap with the conversion
             row["ok"] = False

@@ -10,14 +10,14 @@ Hopper has no FP4 tensor-core instruction, so the kernel dequantizes:
 Two kernels per call (the form "weights in registers"):
 
 - Token pre-pass (`convert_tokens`): every group's A (the tokens, M <= a few
-  hundred rows) once per call to fp16, scaled, into scratch after the CTAs'
-  tensormaps (`scratch_address`, sized by `Sm90TileConfig.workspace_words` on
-  the host). It lets the GEMM launch at once (programmatic dependent launch);
-  the GEMM's producer waits for its end before the first copy.
+  hundred rows) once per call to fp16, scaled, into the plan's scratch after
+  its descriptor table (`scratch_address`, sized by `Sm90TileConfig.plan_words`
+  on the host). It lets the GEMM launch at once (programmatic dependent
+  launch); the GEMM waits for its end before the first copy.
 - GEMM, per tile of C (tile_m tokens x 128 weight rows): a producer warp
-  streams the tile's fp16 tokens and packed FP4 weights B (TMA through
-  per-CTA descriptors rewritten when the CTA moves to another group, as the
-  B200 kernel does: `submission.CtaTensormaps`) and SFB (a bulk copy: in the
+  streams the tile's fp16 tokens and packed FP4 weights B (TMA through the
+  groups' descriptors, built once per input as the B200 kernel's are:
+  `build_tensormaps`, `submission.GroupTensormaps`) and SFB (a bulk copy: in the
   blocked layout the scale factors of 128 rows x 64 K are 512 contiguous
   bytes) into `num_ab_stages` stages of `tile_k` K. Each of two MMA
   warpgroups dequantizes its 64 rows of B straight into wgmma's A register
@@ -68,8 +68,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 import submission
-from submission import (BYTES_PER_TENSORMAP, K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_CTA,
-                        CtaTensormaps, TileConfig, TileScheduler, ceil_div, check_budget)
+from submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_GROUP, GroupTensormaps,
+                        TileConfig, TileScheduler, ceil_div, check_budget, tensormap_staging, write_group_tensormaps)
 
 # =============================================================================
 # Configuration
@@ -100,14 +100,14 @@ class Sm90TileConfig(TileConfig):
     def make_kernel(self):
         return Sm90GroupedGemmKernel(self)
 
-    def workspace_words(self, problem_sizes, ctas: int) -> int:
-        """The CTAs' tensormaps, then the token pre-pass's fp16 A of every
-        group, back to back (`scratch_address`, `group_tokens`)."""
+    def plan_words(self, problem_sizes) -> int:
+        """The groups' descriptor table, then the token pre-pass's fp16 A of
+        every group, back to back (`scratch_address`, `group_tokens`)."""
         scratch_bytes = sum(m * k * 2 for m, _, k, _ in problem_sizes)
-        return super().workspace_words(problem_sizes, ctas) + ceil_div(scratch_bytes, 8)
+        return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass")
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl")
 # Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
 # within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
 # weights on benchmarks 0 and 2).
@@ -118,8 +118,9 @@ SM90_CONFIGS = {c.name: c for c in (
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
-SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what)
-                         for what in DIAGNOSTICS)
+# "no-pdl" (exact results) launches both kernels without programmatic dependent launch.
+SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
+                                             pdl=what != "no-pdl") for what in DIAGNOSTICS)
 
 MMA_WARPGROUPS = WEIGHT_ROWS // 64  # warpgroups 0 and 1: wgmma M = 64 each
 PREPASS_THREADS = 256  # token pre-pass: threads per block
@@ -131,7 +132,7 @@ SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_RESERVED = 1024  # per CTA
 REGISTERS_PER_SM = 65536
 SCHEDULERS_PER_SM = 4  # warp schedulers, each with a quarter of the register file
-SM90_TENSORMAPS = 2  # A (the pre-pass's tokens), B: slots 0 and 1 of the CTA's five in the workspace
+SM90_TENSORMAPS = 2  # A (the pre-pass's tokens), B: slots 0 and 1 of each group's five in the descriptor table
 ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
 
 F16X2_128 = 0x58005800  # fp16 128.0 in both halves
@@ -238,10 +239,10 @@ def dequant_pair(packed: cutlass.Uint32, scale: cutlass.Uint32) -> cutlass.Uint3
     return cutlass.Uint32(_asm(cutlass.Uint32.mlir_type, [packed, scale], DEQUANT_PAIR_PTX, "=r,r,r"))
 
 
-def scratch_address(tensormaps: cute.Tensor, num_ctas):
-    """Where a launch's scratch starts: after its CTAs' tensormaps in the
-    per-stream workspace (`submission.StreamResources.workspace_for`)."""
-    return tensormaps.iterator.toint() + cutlass.Int64(num_ctas) * (TENSORMAP_I64_PER_CTA * 8)
+def scratch_address(tensormaps: cute.Tensor, num_groups):
+    """Where a plan's scratch starts: after its (G, 5, 16) descriptor table
+    in the plan's memory (`submission.LaunchPlan`)."""
+    return tensormaps.iterator.toint() + cutlass.Int64(num_groups) * (TENSORMAP_I64_PER_GROUP * 8)
 
 
 def token_scale_offset(row, k0, k):
@@ -296,7 +297,7 @@ class Sm90GroupedGemmKernel:
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
-        free = SMEM_CAPACITY - SMEM_RESERVED - SM90_TENSORMAPS * BYTES_PER_TENSORMAP - mbarriers
+        free = SMEM_CAPACITY - SMEM_RESERVED - mbarriers
         self.num_ab_stages = min(MAX_AB_STAGES, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
@@ -333,12 +334,50 @@ class Sm90GroupedGemmKernel:
     @staticmethod
     def _placeholder(dtype):
         """A (rows, K) global tensor of `dtype` from which a TMA atom is built
-        (packed B as bytes, or the pre-pass's fp16 tokens); each CTA rewrites
-        the descriptors for its groups before its first copy."""
+        (packed B as bytes, or the pre-pass's fp16 tokens): the template the
+        descriptor builder fills in for each group."""
         rows, width = cutlass.Int32(128), cutlass.Int32(128)
         return cute.make_tensor(
             cute.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
             cute.make_layout((rows, width), stride=(width, 1)))
+
+    def make_tma_atoms(self):
+        """The TMA atoms of the tokens and the packed weights (descriptor slots
+        0 and 1) with their placeholder tensors, the same in the GEMM and the
+        descriptor builder."""
+        self._setup_attributes()
+        layouts = self.make_layouts()
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
+        return layouts, (
+            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Float16), one_stage(layouts.tokens),
+                                        (self.tile_m, self.tile_k)),
+            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed_tma),
+                                        (WEIGHT_ROWS, self.packed_k_bytes)))
+
+    @cute.jit
+    def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
+                         ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
+                         num_ctas: cutlass.Int32, stream):
+        """The descriptor builder's host function (the GEMM's arguments):
+        one warp per group writes its two descriptors."""
+        _, ((atom_a, _), (atom_b, _)) = self.make_tma_atoms()
+        self.tensormap_staging = tensormap_staging(SM90_TENSORMAPS)
+        problem_sizes, abc_ptrs, _, tensormaps = submission.host_tables(
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
+        self.tensormap_builder(atom_a, atom_b, problem_sizes, abc_ptrs, tensormaps, num_groups).launch(
+            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
+            use_pdl=self.config.pdl)
+
+    @cute.kernel
+    def tensormap_builder(self, tma_atom_a: cute.CopyAtom, tma_atom_b: cute.CopyAtom, problem_sizes: cute.Tensor,
+                          abc_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32):
+        _, _, group = cute.arch.block_idx()
+        staging = utils.SmemAllocator().allocate(self.tensormap_staging)
+        write_group_tensormaps(
+            (tma_atom_a, tma_atom_b),
+            (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
+             self.group_weights(problem_sizes, group, abc_ptrs)), tensormaps, group, staging)
 
     @cute.jit
     def __call__(
@@ -346,25 +385,16 @@ class Sm90GroupedGemmKernel:
         ptr_problem_sizes: cute.Pointer,  # (G, 4) Int32: M, N, K, L
         ptr_abc: cute.Pointer,  # (G, 3) Int64: A, B, C addresses
         ptr_sf: cute.Pointer,  # (G, 2) Int64: SFA, SFB addresses (reordered)
-        ptr_tensormaps: cute.Pointer,  # (CTAs, 5, 16) Int64 workspace, 128-byte aligned, then the scratch
+        ptr_tensormaps: cute.Pointer,  # (G, 5, 16) Int64 descriptor table, 128-byte aligned, then the scratch
         num_groups: cutlass.Int32,
         total_tiles: cutlass.Int32,
         num_ctas: cutlass.Int32,
         stream,
     ):
-        self._setup_attributes()
-        layouts = self.make_layouts()
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
-        tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
-            g2s, self._placeholder(cutlass.Float16), one_stage(layouts.tokens), (self.tile_m, self.tile_k))
-        tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
-            g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed_tma), (WEIGHT_ROWS, self.packed_k_bytes))
+        layouts, ((tma_atom_a, tma_a), (tma_atom_b, tma_b)) = self.make_tma_atoms()
 
         @cute.struct
         class SharedStorage:
-            tensormaps: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Int64, SM90_TENSORMAPS * BYTES_PER_TENSORMAP // 8], BYTES_PER_TENSORMAP]
             ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
             tokens: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.tokens)], 1024]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 1024]
@@ -375,14 +405,15 @@ class Sm90GroupedGemmKernel:
         check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
-            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
         if cutlass.const_expr(self.config.diagnostic != "skip-prepass"):
-            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, num_ctas).launch(
-                grid=(1, 1, num_ctas * PREPASS_BLOCKS_PER_CTA), block=[PREPASS_THREADS, 1, 1], stream=stream)
+            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups).launch(
+                grid=(1, 1, num_ctas * PREPASS_BLOCKS_PER_CTA), block=[PREPASS_THREADS, 1, 1], stream=stream,
+                use_pdl=self.config.pdl)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, total_tiles).launch(
             grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream,
-            use_pdl=True)
+            use_pdl=self.config.pdl)
 
     # -------------------------------------------------------------------------
     # Device side: the dispatcher
@@ -393,7 +424,6 @@ class Sm90GroupedGemmKernel:
                sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        _, _, grid_z = cute.arch.grid_dim()
 
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         # "skip-tokens" (a timing diagnostic) loads no tokens
@@ -406,16 +436,15 @@ class Sm90GroupedGemmKernel:
             tx_count=self.stage_bytes() - skipped,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
-        producer_maps = CtaTensormaps.create((tma_atom_a, tma_atom_b), tensormaps, storage.tensormaps.data_ptr(), 0,
-                                             self.roles.producer_warp)
+        producer_maps = GroupTensormaps(tensormaps, 0, SM90_TENSORMAPS)
         cute.arch.sync_threads()  # barriers initialized
 
         layouts = self.make_layouts()
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         if warp_idx == self.roles.producer_warp:
-            self.producer(layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, scheduler, producer_maps,
-                          mA, mB, scratch_address(tensormaps, grid_z))
+            self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
+                          (tma_atom_a, tma_atom_b), mA, mB)
         if warp_idx < self.roles.producer_warp:
             self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx)
 
@@ -442,12 +471,10 @@ class Sm90GroupedGemmKernel:
     # The producer warp (last warp; `WarpRoles.producer_warp`)
     # -------------------------------------------------------------------------
     @cute.jit
-    def producer(self, layouts, storage, ab_pipeline, problem_sizes, abc_ptrs, sf_ptrs, scheduler, tensormaps,
-                 mA, mB, scratch):
-        """Per stage: TMA the tile's fp16 tokens (the pre-pass's, in `scratch`)
-        and packed B, bulk-copy its SFB."""
-        tma_atom_a, tma_atom_b = tensormaps.atoms
-        tensormaps.init_from_atoms(prefetch_atoms=True)
+    def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, atoms, mA, mB):
+        """Per stage: TMA the tile's fp16 tokens (the pre-pass's, in the plan's
+        scratch) and packed B, bulk-copy its SFB."""
+        tma_atom_a, tma_atom_b = atoms
         sA = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
         if cutlass.const_expr(self.b_swizzle_bits):
             sB = storage.b_packed.get_tensor(layouts.b_packed_tma.outer, swizzle=layouts.b_packed_tma.inner)
@@ -463,15 +490,13 @@ class Sm90GroupedGemmKernel:
             cute.group_modes(cute.local_tile(mB, (WEIGHT_ROWS, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
-        # launched while the pre-pass runs (programmatic dependent launch): its fp16 A is
-        # complete and visible only past this wait (nothing else in the kernel reads it)
+        # launched while the pre-pass runs (programmatic dependent launch): its fp16 A (and
+        # the descriptor table, the weights) are read only past this wait
         cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         while scheduler.has_work():
             work = scheduler.current()
-            if work.new_group:
-                tensormaps.for_group((self.group_tokens(problem_sizes, work.group, scratch),
-                                      self.group_weights(problem_sizes, work.group, abc_ptrs)))
+            tensormaps.fetch_ahead(work, scheduler)
             # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
             sfb_base = sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
             for k_tile in cutlass.range(0, work.k_tiles, 1, unroll=1):
@@ -479,9 +504,9 @@ class Sm90GroupedGemmKernel:
                 barrier = ab_pipeline.producer_get_barrier(state)
                 if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
                     cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, state.index)],
-                              tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(0))
+                              tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0))
                 cute.copy(tma_atom_b, tBgB[(None, work.n_tile, k_tile)], tBsB[(None, state.index)],
-                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(1))
+                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
                 # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
                 if cute.arch.lane_idx() == 0:
                     src = cute.make_tensor(
@@ -492,6 +517,7 @@ class Sm90GroupedGemmKernel:
                 ab_pipeline.producer_commit(state)
                 state.advance()
             scheduler.advance()
+        cute.arch.griddepcontrol_launch_dependents()  # the last loads are issued: the next kernel may start
         ab_pipeline.producer_tail(state)
 
     # -------------------------------------------------------------------------
@@ -548,6 +574,7 @@ class Sm90GroupedGemmKernel:
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
+        cute.arch.griddepcontrol_wait()  # C is written only once the previous kernel has finished
         while scheduler.has_work():
             work = scheduler.current()
             acc.fill(0.0)
@@ -597,19 +624,21 @@ class Sm90GroupedGemmKernel:
     # -------------------------------------------------------------------------
     @cute.kernel
     def convert_tokens(self, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor,
-                       tensormaps: cute.Tensor, num_groups: cutlass.Int32, num_ctas: cutlass.Int32):
+                       tensormaps: cute.Tensor, num_groups: cutlass.Int32):
         """A of every group to fp16 in the conversion's K order and scaled as
         `dequant_word` does, into the scratch (`group_tokens`). Chunks of 32 K
         of one row (16 bytes in, 64 out), numbered group by group, row-major;
         thread t of the grid takes chunks t, t + threads, ... (consecutive
         threads, consecutive chunks: coalesced). It lets the GEMM launch
-        (programmatic dependent launch) at once: the GEMM's producer waits
-        for this grid's end before its first copy."""
+        (programmatic dependent launch) at once: the GEMM waits for this
+        grid's end before its first copy. Itself launched while the previous
+        kernel may run, it reads and writes only past the wait."""
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
-        scratch = scratch_address(tensormaps, num_ctas)
+        scratch = scratch_address(tensormaps, num_groups)
+        cute.arch.griddepcontrol_wait()
         chunks_of = lambda m, k: m * (k // TOKEN_CHUNK_K)  # chunks of a group
         total = cutlass.Int32(0)
         for g in cutlass.range(0, num_groups, 1, unroll=1):
@@ -671,9 +700,10 @@ def config_from_setting(setting) -> Sm90TileConfig:
     """custom_kernel's configuration for a CONFIG_ENV setting (unset or empty: the default)."""
     if setting in (None, ""):
         return SM90_CONFIG
-    if setting not in SM90_CONFIGS:
-        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(SM90_CONFIGS)}")
-    return SM90_CONFIGS[setting]
+    settings = {**SM90_CONFIGS, **{c.name: c for c in SM90_DIAGNOSTICS if c.diagnostic == "no-pdl"}}
+    if setting not in settings:
+        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(settings)}")
+    return settings[setting]
 
 
 _launcher = None

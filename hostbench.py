@@ -43,10 +43,11 @@ _standin = {}
 
 
 def standin_compile(config):
-    """(compiled, None): a kernel for the local GPU taking the B200 kernel's
-    arguments. Its one thread writes num_groups, total_tiles, num_ctas, the last
-    group's K and D' address into the tensormap workspace, so a test can check
-    that the launcher's tables and arguments arrived."""
+    """A CompiledGemm whose GEMM and descriptor builder are one kernel for the
+    local GPU taking the B200 kernel's arguments. Its one thread writes
+    num_groups, total_tiles, num_ctas, the last group's K and D' address into
+    the plan's memory, so a test can check that the launcher's tables and
+    arguments arrived."""
     import cutlass
     import cutlass.cute as cute
 
@@ -73,8 +74,9 @@ def standin_compile(config):
             record(sizes, abc, workspace, num_groups, total_tiles, num_ctas).launch(
                 grid=(1, 1, num_ctas), block=[32, 1, 1], stream=stream)
 
-        _standin["compiled"] = submission.compile_with_placeholders(launch)
-    return _standin["compiled"], None
+        compiled = submission.compile_with_placeholders(launch)
+        _standin["compiled"] = submission.CompiledGemm(compiled, compiled, None)
+    return _standin["compiled"]
 
 
 # =============================================================================
@@ -82,7 +84,8 @@ def standin_compile(config):
 # =============================================================================
 class SeedPath:
     """What the seed did on the host for every call: three torch.tensor copies
-    to the device, a fresh workspace, pointers, the DSL's plain call."""
+    to the device, fresh device memory, pointers, the DSL's plain call (here
+    two: the descriptor builder and the GEMM)."""
 
     def __init__(self, compile_fn, config=None):
         self.compile_fn = compile_fn
@@ -95,7 +98,7 @@ class SeedPath:
         abc_tensors, _, sf_tensors, problem_sizes = data
         device = abc_tensors[0][0].device
         config = self.config or submission.choose_config(problem_sizes)
-        compiled, _ = self.compile_fn(config)
+        compiled = self.compile_fn(config)
         sizes = [submission.kernel_problem(s, config) for s in problem_sizes]
         tiles = submission.tile_count(problem_sizes, config)
         ctas = submission.persistent_ctas(tiles, submission.sm_count(device.index))
@@ -104,20 +107,22 @@ class SeedPath:
                                  dtype=torch.int64, device=device)
         sf_table = torch.tensor([[x.data_ptr(), y.data_ptr()] for x, y in sf_tensors],
                                 dtype=torch.int64, device=device)
-        workspace = torch.empty(config.workspace_words(problem_sizes, ctas), dtype=torch.int64, device=device)
-        keep = (size_table, abc_table, sf_table, workspace)
+        memory = torch.empty(config.plan_words(problem_sizes), dtype=torch.int64, device=device)
+        keep = (size_table, abc_table, sf_table, memory)
 
         def ptr(dtype, t, align=16):
             return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
         args = (ptr(cutlass.Int32, size_table), ptr(cutlass.Int64, abc_table), ptr(cutlass.Int64, sf_table),
-                ptr(cutlass.Int64, workspace, 128), cutlass.Int32(len(sizes)), cutlass.Int32(tiles),
+                ptr(cutlass.Int64, memory, 128), cutlass.Int32(len(sizes)), cutlass.Int32(tiles),
                 cutlass.Int32(ctas))
         return compiled, args, keep
 
     def launch(self, prepared):
         import cutlass.torch as cutlass_torch
         compiled, args, _ = prepared
-        compiled(*args, cutlass_torch.current_stream())
+        stream = cutlass_torch.current_stream()
+        compiled.build_tensormaps(*args, stream)
+        compiled.gemm(*args, stream)
 
     def __call__(self, data):
         self.launch(self.prepare(data))
@@ -208,7 +213,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     results["cold.total"] = statistics.median(samples)
 
     # The cold call's steps, each timed alone (GroupedGemmLauncher.build's parts).
-    steps = {"cold.key": [], "cold.check+gather": [], "cold.plan (slot, table copy)": [],
+    steps = {"cold.key": [], "cold.check+gather": [], "cold.plan (tables, memory, descriptor builder)": [],
              "cold.register (weak references)": [], "cold.first launch": []}
     for _ in range(max(3, repeats // 4)):
         for data in fresh_inputs():
@@ -217,7 +222,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
             t1 = time.perf_counter()
             shape, words, index = launcher.check_and_gather(data, launcher.config)
             t2 = time.perf_counter()
-            plan = submission.LaunchPlan(words, shape, launcher.compile_fn(shape.config)[0], index, launcher)
+            plan = submission.LaunchPlan(words, shape, launcher.compile_fn(shape.config), index, launcher)
             t3 = time.perf_counter()
             launcher.register(plan, key, data)
             t4 = time.perf_counter()

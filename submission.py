@@ -27,10 +27,12 @@ Pipelines (producer -> consumer, arrive counts; `check_sm100_warp_roles`):
   acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits twice in TMEM): MMA warp
        (1 arrive, tcgen05.commit) -> epilogue (4 arrives, one elected thread per epilogue warp)
   c    PipelineTmaStore, `num_c_stages` shared-memory buffers, epilogue warps.
-Stages: as many A/B/SFA/SFB stages as fit beside the C buffers, barriers and tensormaps (`_compute_stages`).
+Stages: as many A/B/SFA/SFB stages as fit beside the C buffers and barriers (`_compute_stages`).
 TMEM (512 columns): `num_acc_stages` x tile_n fp32 accumulator columns, then the SFA, SFB columns of one K stage.
-Every role walks the same tiles (`TileScheduler`); one moving to another group rewrites its TMA descriptors
-(`CtaTensormaps`). Sizes, pointers and counts are run-time: one compile per configuration and architecture
+Every role walks the same tiles (`TileScheduler`). Every group's TMA descriptors are built once per input by a
+small kernel (`build_tensormaps`) into plan-owned memory; a role fetches a group's a tile ahead (`GroupTensormaps`).
+Every launch overlaps the previous kernel's tail (programmatic dependent launch): set-up before
+`griddepcontrol.wait`, `launch_dependents` once the last loads are issued. Sizes, pointers and counts are run-time: one compile per configuration and architecture
 serves every shape set (`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a
 new input once and relaunches a known one with one call. Imports only torch, cutlass and `task` (the
 leaderboard copies only this file).
@@ -80,9 +82,9 @@ TMEM_ALLOC_BARRIER_ID = 2  # epilogue warps + MMA warp: TMEM address published
 EPILOGUE_THREADS = 32 * len(EPILOGUE_WARPS)  # named barrier EPILOGUE_BARRIER_ID, the c pipeline's producers
 ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue warp
 
-TENSORMAPS_PER_CTA = 5  # workspace slots per CTA: A', B', SFA', SFB', D' (all used here)
+TENSORMAPS_PER_GROUP = 5  # descriptor table slots per group: A', B', SFA', SFB', D' (hopper.py: A, B)
 BYTES_PER_TENSORMAP = 128
-TENSORMAP_I64_PER_CTA = TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP // 8
+TENSORMAP_I64_PER_GROUP = TENSORMAPS_PER_GROUP * BYTES_PER_TENSORMAP // 8
 PTR_ALIGN_BYTES = 16  # TMA needs 16-byte aligned global addresses
 N_MULTIPLE = 128
 K_MULTIPLE = 256
@@ -110,6 +112,7 @@ class TileConfig:
     tile_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
     tile_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool = False  # A' = b, B' = a, D' = C^T
+    pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
 
     @property
     def tile_mnk(self) -> Tuple[int, int, int]:
@@ -118,9 +121,9 @@ class TileConfig:
     def make_kernel(self):
         return Sm100GroupedGemmKernel(self)
 
-    def workspace_words(self, problem_sizes, ctas: int) -> int:
-        """Int64 words of device workspace a launch needs: its CTAs' tensormaps."""
-        return ctas * TENSORMAP_I64_PER_CTA
+    def plan_words(self, problem_sizes) -> int:
+        """Int64 words of device memory a plan owns: its groups' descriptor table."""
+        return len(problem_sizes) * TENSORMAP_I64_PER_GROUP
 
 
 TILE_CONFIGS = {c.name: c for c in (TileConfig("128x128", 128, 128),
@@ -165,42 +168,63 @@ MODEL_DRAM_BYTES_PER_S = 7.68e12  # reproduces the statement's four speeds of li
 MODEL_FP4_FLOPS_PER_SM = 32768 * 1.5e9  # dense FP4 per SM per second
 MODEL_SM_LOAD_BYTES_PER_S = 128 * 1.5e9  # what one SM can take in from L2 (128 B/clock)
 MODEL_LATENCY_S = 1.0e-6  # DRAM round trip seen by a TMA load
-MODEL_TILE_OVERHEAD_S = 0.15e-6  # per tile: scheduling, barriers, descriptor swaps
+MODEL_TILE_OVERHEAD_S = 0.15e-6  # per tile: scheduling, barriers
 MODEL_TAIL_S = 0.5e-6  # last tile's epilogue, not overlapped with any mainloop
-MODEL_LAUNCH_S = 2.0e-6  # kernel launch and grid start-up
+# The score is GPU time (docs/contract.md): a kernel's time plus the GPU-side gap to the previous kernel.
+MODEL_GAP_S = 1.6e-6  # gap, no overlap: a near-empty kernel's time per call in the leaderboard loop (H200)
+MODEL_GAP_PDL_S = 0.8e-6  # gap, the launch overlapping the previous kernel's tail: an assumption (half)
+# Descriptors per (CTA, group) the CTA works on: rewritten in the GEMM (replace, copy out with release,
+# acquire, prefetch: on the producer's path before the group's first load), or built once per input and
+# fetched a tile ahead (only the CTA's first group waits for its fetch). Assumptions, none measured.
+MODEL_DESCRIPTOR_REWRITE_S = 0.5e-6
+MODEL_DESCRIPTOR_FETCH_S = 0.3e-6
 # Operands re-read by several tiles are assumed to hit in L2: DRAM traffic is each input once and C once,
 # bounded by the DRAM rate as a whole, while each CTA streams its own tiles at most at its stages-in-flight /
 # latency and at most at the SM's load rate.
 
 
-# time_us and its parts: dram_us (the unique bytes at full DRAM bandwidth), busiest_cta_us (the CTA with most work)
+# time_us and its parts: dram_us (the unique bytes at full DRAM bandwidth), busiest_cta_us (the CTA with most
+# work, its descriptor waits included), gap_us (to the previous kernel), descriptor_us (the busiest CTA's waits)
 ModelEstimate = NamedTuple("ModelEstimate", [("config", str), ("tiles", int), ("ctas", int), ("time_us", float),
-                                             ("dram_us", float), ("busiest_cta_us", float)])
+                                             ("dram_us", float), ("busiest_cta_us", float), ("gap_us", float),
+                                             ("descriptor_us", float)])
 
 
-def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT) -> ModelEstimate:
-    """Modeled B200 time of one launch (the assumptions above): tiles round-robin over min(tiles, SMs) CTAs, each
-    streaming its K stages at min(stages in flight / latency, the SM's load rate), at least its FP4 math time;
-    the launch takes the larger of its busiest CTA and the unique bytes' DRAM time, plus fixed costs."""
-    tiles = []
+def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT,
+                  rewrite_descriptors: bool = False) -> ModelEstimate:
+    """Modeled B200 GPU time of one call (the assumptions above): tiles round-robin over min(tiles, SMs) CTAs, each
+    streaming its K stages at min(stages in flight / latency, the SM's load rate), at least its FP4 math time,
+    plus its descriptor waits (`rewrite_descriptors`: the design before descriptors were built once per input);
+    the larger of the busiest CTA and the unique bytes' DRAM time, plus the gap to the previous kernel."""
+    tiles = []  # (K stages, group) of each tile
+    groups_of = []
     unique_bytes = 0
     for size in problem_sizes:
         mp, np_, k, _ = kernel_problem(size, config)
         unique_bytes += (mp + np_) * k // 2 + (mp + np_) * k // SF_VEC_SIZE + 2 * mp * np_
         k_stages = ceil_div(k, config.tile_mnk[2])
-        tiles += [k_stages] * (ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n))
+        tiles += [(k_stages, len(groups_of))] * (ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n))
+        groups_of.append(size)
     ctas = min(len(tiles), num_sms)
     stages_in_flight = _compute_stages_for_model(config)
     per_cta_bw = min(stages_in_flight * stage_bytes(config) / MODEL_LATENCY_S, MODEL_SM_LOAD_BYTES_PER_S)
     stage_flops = 2 * config.tile_m * config.tile_n * config.tile_mnk[2]
     stage_s = max(stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
     work = [0.0] * ctas
-    for i, k_stages in enumerate(tiles):
-        work[i % ctas] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
-    busiest = max(work) + MODEL_LATENCY_S + MODEL_TAIL_S
+    waits = [MODEL_DESCRIPTOR_FETCH_S] * ctas
+    last_group = [-1] * ctas
+    for i, (k_stages, group) in enumerate(tiles):
+        cta = i % ctas
+        work[cta] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
+        if rewrite_descriptors and group != last_group[cta]:
+            waits[cta] += MODEL_DESCRIPTOR_REWRITE_S - (MODEL_DESCRIPTOR_FETCH_S if last_group[cta] < 0 else 0)
+        last_group[cta] = group
+    busiest_cta = max(range(ctas), key=lambda c: work[c] + waits[c])
+    busiest = work[busiest_cta] + waits[busiest_cta] + MODEL_LATENCY_S + MODEL_TAIL_S
     dram = unique_bytes / MODEL_DRAM_BYTES_PER_S
-    return ModelEstimate(config.name, len(tiles), ctas, 1e6 * (max(busiest, dram) + MODEL_LAUNCH_S),
-                         1e6 * dram, 1e6 * busiest)
+    gap = MODEL_GAP_PDL_S if config.pdl else MODEL_GAP_S
+    return ModelEstimate(config.name, len(tiles), ctas, 1e6 * (max(busiest, dram) + gap), 1e6 * dram,
+                         1e6 * busiest, 1e6 * gap, 1e6 * waits[busiest_cta])
 
 
 def choose_config(problem_sizes) -> TileConfig:
@@ -221,8 +245,7 @@ EPI_TILE_BYTES = 128 * 32 * 2  # epilogue subtile: 128 rows x 32 columns of fp16
 def _compute_stages_for_model(config: TileConfig) -> int:
     """The kernel's A/B/SFA/SFB stages from byte counts alone (it counts its layouts; a test checks they agree)."""
     c_bytes = NUM_C_STAGES * EPI_TILE_BYTES
-    tensormap_bytes = TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP
-    return (SMEM_CAPACITY - SMEM_RESERVED - tensormap_bytes - c_bytes) // stage_bytes(config)
+    return (SMEM_CAPACITY - SMEM_RESERVED - c_bytes) // stage_bytes(config)
 
 
 def stage_bytes(config: TileConfig) -> int:
@@ -250,11 +273,11 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
 
 
 class WorkTile(NamedTuple):
-    """One tile of D': group, M'- and N'-tile, and whether the group is new to the CTA (descriptors to rewrite)."""
+    """One tile of D': group, M'- and N'-tile, and whether it is the CTA's first (its descriptors not yet fetched)."""
     group: object
     m_tile: object
     n_tile: object
-    new_group: object
+    first: object
     problem_sizes: object
     tile_k: int
 
@@ -268,19 +291,19 @@ class TileScheduler:
     """The static persistent walk over the tiles of all groups: CTA c of a grid of G takes tiles c, c + G,
     c + 2 G, ... (`locate_tile`). A kernel's dispatcher creates it once; every warp role walks the same tiles
     with its own copy of the state (`while scheduler.has_work(): work = scheduler.current(); ...;
-    scheduler.advance()`): four Int32 values carried through the DSL's dynamic loop, the linear tile, where the
-    group search resumes (group, its first tile) and the previous tile's group (-1 before the first)."""
+    scheduler.advance()`): three Int32 values carried through the DSL's dynamic loop, the linear tile and
+    where the group search resumes (group, its first tile)."""
 
-    def __init__(self, problem_sizes, total_tiles, tile_mnk, stride, tile, group, group_first_tile, last_group):
+    def __init__(self, problem_sizes, total_tiles, tile_mnk, stride, tile, group, group_first_tile):
         self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride = problem_sizes, total_tiles, tile_mnk, stride
-        self.tile, self.group, self.group_first_tile, self.last_group = tile, group, group_first_tile, last_group
+        self.tile, self.group, self.group_first_tile = tile, group, group_first_tile
 
     @staticmethod
     def create(problem_sizes: cute.Tensor, total_tiles, tile_mnk) -> "TileScheduler":
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
         return TileScheduler(problem_sizes, total_tiles, tile_mnk, grid_z, cutlass.Int32(bidz),
-                             cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(-1))
+                             cutlass.Int32(0), cutlass.Int32(0))
 
     def has_work(self):
         return self.tile < self.total_tiles
@@ -289,86 +312,109 @@ class TileScheduler:
         tile_m, tile_n, tile_k = self.tile_mnk
         self.group, self.group_first_tile, m_tile, n_tile = locate_tile(
             self.problem_sizes, tile_m, tile_n, self.tile, self.group, self.group_first_tile)
-        new_group = self.group != self.last_group
-        self.last_group = self.group
-        return WorkTile(self.group, m_tile, n_tile, new_group, self.problem_sizes, tile_k)
+        return WorkTile(self.group, m_tile, n_tile, self.tile < self.stride, self.problem_sizes, tile_k)
+
+    @cute.jit
+    def upcoming_group(self):
+        """The group of this CTA's next tile, or the current tile's group when there is none (after `current`)."""
+        upcoming = self.group
+        following = self.tile + self.stride
+        if following < self.total_tiles:
+            upcoming, _, _, _ = locate_tile(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], following,
+                                            self.group, self.group_first_tile)
+        return upcoming
 
     def advance(self) -> None:
         self.tile = self.tile + self.stride
 
     # the DSL's protocol for values carried through dynamic loops
     def __get_mlir_types__(self):
-        return [self.tile.type, self.group.type, self.group_first_tile.type, self.last_group.type]
+        return [self.tile.type, self.group.type, self.group_first_tile.type]
 
     def __extract_mlir_values__(self):
-        return [x.ir_value() for x in (self.tile, self.group, self.group_first_tile, self.last_group)]
+        return [x.ir_value() for x in (self.tile, self.group, self.group_first_tile)]
 
     def __new_from_mlir_values__(self, values):
         return TileScheduler(self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride,
                              *(cutlass.Int32(v) for v in values))
 
 
-# ==== TMA descriptors: one CTA's, rewritten when a role moves to another group =======================================
+# ==== TMA descriptors: every group's, built once per input, fetched by the roles =====================================
+def tensormap_manager():
+    return utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
+
+
+def tensormap_staging(count: int):
+    """The builder kernel's shared memory: `count` descriptors being edited."""
+    @cute.struct
+    class Staging:
+        maps: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, count * BYTES_PER_TENSORMAP // 8],
+                                BYTES_PER_TENSORMAP]
+    return Staging
+
+
+@cute.jit
+def write_group_tensormaps(atoms, tensors, tensormaps: cute.Tensor, group, staging):
+    """Builder kernel body, one warp per group: each of the group's descriptors (slot i: `atoms[i]`'s template
+    with `tensors[i]`'s address, sizes and strides: tensormap.replace in shared memory) copied to the
+    (G, 5, 16) table with a release fence. Nothing is written before the previous kernel has finished (its
+    memory may be what this plan's table now occupies)."""
+    cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading the table
+    manager = tensormap_manager()
+    smem = tuple(staging.maps.data_ptr() + i * (BYTES_PER_TENSORMAP // 8) for i in range(len(atoms)))
+    gmem = tuple(manager.get_tensormap_ptr(tensormaps[(group, i, None)].iterator) for i in range(len(atoms)))
+    cute.arch.griddepcontrol_wait()
+    for atom, smem_map in zip(atoms, smem):  # unrolled while tracing
+        manager.init_tensormap_from_atom(atom, smem_map, 0)
+    manager.update_tensormap(tuple(tensors), tuple(atoms), gmem, 0, smem)
+
+
 @dataclasses.dataclass(frozen=True)
-class CtaTensormaps:
-    """One warp role's TMA descriptors in this CTA (B200 producer: A', B', SFA', SFB'; epilogue: D'; Hopper
-    producer: A, B): each a shared-memory copy that `warp` rewrites for a new group, and a home in the global
-    workspace (slots `first_slot`.. of this CTA's row) that the TMA operations name. A role moving to another
-    group calls `rewrite`, then `publish` before its first copy (`for_group`: both; the B200 epilogue
-    publishes once its accumulator is full). Frozen: the DSL treats it as read-only in dynamic loops."""
-    atoms: tuple
-    warp: int
-    manager: object
-    smem: tuple
-    gmem: tuple
+class GroupTensormaps:
+    """One warp role's view of the plan's descriptor table (G, 5, 16) Int64, slots `first`.. of each group
+    (B200 producer: A', B', SFA', SFB'; epilogue: D'; Hopper producer: A, B). A role `fetch`es a group's
+    descriptors (acquire fence, then prefetch) before its first copy through them: its first tile's group
+    at once, every later one a tile ahead (`TileScheduler.upcoming_group`). Frozen: read-only in dynamic
+    loops."""
+    table: cute.Tensor
+    first: int
+    count: int
 
-    @staticmethod
-    def create(atoms, workspace: cute.Tensor, smem_base, first_slot: int, warp: int) -> "CtaTensormaps":
-        _, _, bidz = cute.arch.block_idx()
-        manager = utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
-        slots = range(first_slot, first_slot + len(atoms))
-        return CtaTensormaps(tuple(atoms), warp, manager,
-                             tuple(smem_base + i * (BYTES_PER_TENSORMAP // 8) for i in slots),
-                             tuple(manager.get_tensormap_ptr(workspace[(bidz, i, None)].iterator) for i in slots))
+    def _pointer(self, group, i: int, space):
+        return tensormap_manager().get_tensormap_ptr(self.table[(group, self.first + i, None)].iterator, space)
 
-    def init_from_atoms(self, prefetch_atoms: bool = False) -> None:
-        """The shared-memory copies start as the atoms' descriptors; `prefetch_atoms` prefetches each atom's
-        (a kernel parameter) as its copy starts (interleaved: fewer live registers)."""
-        for atom, smem in zip(self.atoms, self.smem):  # unrolled while tracing
-            if prefetch_atoms:
-                cpasync.prefetch_descriptor(atom)
-            self.manager.init_tensormap_from_atom(atom, smem, self.warp)
-
-    def rewrite(self, tensors) -> None:
-        self.manager.update_tensormap(tuple(tensors), self.atoms, self.gmem, self.warp, self.smem)
-
-    def publish(self) -> None:
-        """Copy to global memory (release), acquire, prefetch (a hint DSL 4.3.x, without it, skips) each."""
-        prefetch = getattr(cute.arch, "prefetch", None)
-        for gmem in self.gmem:
-            self.manager.fence_tensormap_update(gmem)
+    def fetch(self, group) -> None:
+        prefetch = getattr(cute.arch, "prefetch", None)  # a hint DSL 4.3.x, without it, skips
+        for i in range(self.count):  # unrolled while tracing
+            cpasync.fence_tma_desc_acquire(self._pointer(group, i, cute.AddressSpace.gmem))
             if prefetch is not None:
-                prefetch(self.manager.get_tensormap_ptr(gmem, cute.AddressSpace.generic).llvm_ptr, tensormap=True)
+                prefetch(self._pointer(group, i, cute.AddressSpace.generic).llvm_ptr, tensormap=True)
 
-    def for_group(self, tensors) -> None:
-        self.rewrite(tensors)
-        self.publish()
+    @cute.jit
+    def fetch_ahead(self, work: WorkTile, scheduler: TileScheduler) -> None:
+        """At the start of `work`: its group's descriptors if it is the CTA's first tile, and the next tile's
+        group's if that differs."""
+        if work.first:
+            self.fetch(work.group)
+        upcoming = scheduler.upcoming_group()
+        if upcoming != work.group:
+            self.fetch(upcoming)
 
-    def descriptor(self, i: int):
-        """What TMA operation number `i` of this role names as its descriptor."""
-        return self.manager.get_tensormap_ptr(self.gmem[i], cute.AddressSpace.generic)
+    def descriptor(self, group, i: int):
+        """What TMA operation number `i` of this role names as its descriptor for `group`."""
+        return self._pointer(group, i, cute.AddressSpace.generic)
 
 
-def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas):
+def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups):
     """A host function's pointer arguments as tensors (both kernels): (G, 4) Int32 sizes,
-    (G, 3) and (G, 2) Int64 abc and sf addresses, (CTAs, 5, 16) Int64 tensormap workspace."""
+    (G, 3) and (G, 2) Int64 abc and sf addresses, (G, 5, 16) Int64 descriptor table."""
     problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
     abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
     sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
     tensormaps = cute.make_tensor(
         ptr_tensormaps,
-        cute.make_layout((num_ctas, TENSORMAPS_PER_CTA, BYTES_PER_TENSORMAP // 8),
-                         stride=(TENSORMAP_I64_PER_CTA, BYTES_PER_TENSORMAP // 8, 1)))
+        cute.make_layout((num_groups, TENSORMAPS_PER_GROUP, BYTES_PER_TENSORMAP // 8),
+                         stride=(TENSORMAP_I64_PER_GROUP, BYTES_PER_TENSORMAP // 8, 1)))
     return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
 
 
@@ -412,26 +458,23 @@ class Sm100GroupedGemmKernel:
                 blockscaled_utils.make_smem_layout_sfb(tiled_mma, t, SF_VEC_SIZE, stages))
 
     def _compute_stages(self, tiled_mma) -> int:
-        """As many A/B/SFA/SFB stages as fit beside the C buffers, barriers and tensormaps;
+        """As many A/B/SFA/SFB stages as fit beside the C buffers and barriers;
         `stage_bytes` is also each stage's TMA transaction count."""
         self.stage_bytes = sum(cute.size_in_bytes(dtype, layout) for dtype, layout in zip(
             (AB_DTYPE, AB_DTYPE, SF_DTYPE, SF_DTYPE), self._ab_smem_layouts(tiled_mma, 1)))
         c_bytes = self.num_c_stages * cute.size_in_bytes(
             C_DTYPE, sm100_utils.make_smem_layout_epi(C_DTYPE, self.c_layout, self.epi_tile, 1))
-        free = SMEM_CAPACITY - SMEM_RESERVED - TENSORMAPS_PER_CTA * BYTES_PER_TENSORMAP - c_bytes
+        free = SMEM_CAPACITY - SMEM_RESERVED - c_bytes
         return free // self.stage_bytes
 
-    @cute.jit
-    def __call__(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
-                 ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                 num_ctas: cutlass.Int32, stream):
-        """The host function: tables (G, 4) Int32 M', N', K, L, (G, 3) Int64 A', B', D' and (G, 2) Int64 SFA',
-        SFB' addresses, the (CTAs, 5, 16) Int64 tensormap workspace (128-byte aligned), counts, stream."""
+    def make_tma_atoms(self):
+        """(tiled MMA, ((TMA atom, its global tensor) for A', B', SFA', SFB', D')), in descriptor-slot order, built
+        on placeholders with the right dtypes and majorness (trace time: the GEMM and the descriptor builder
+        make the same templates)."""
         tiled_mma = sm100_utils.make_blockscaled_trivial_tiled_mma(
             AB_DTYPE, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, self.cta_group,
             self.tile_mnk[:2])
         self._setup_attributes(tiled_mma)
-        # Placeholders with the right dtypes and majorness for the TMA atoms (each CTA rewrites the descriptors)
         dim, k = cutlass.Int32(128), cutlass.Int32(256)
         a, b, sfa, sfb = self.operand_tensors(dim, dim, k, 0, 0, 0, 0)
         c = self.output_tensor(dim, dim, 0)
@@ -441,20 +484,51 @@ class Sm100GroupedGemmKernel:
         def load_atom(make, tensor, staged, **kwargs):  # a TMA load of one stage of `staged`
             stage = cute.slice_(staged, (None, None, None, 0))
             return make(g2s, tensor, stage, self.tile_mnk, tiled_mma, cluster_vmnk.shape, **kwargs)
-        tma_atom_a, tma_a = load_atom(cute.nvgpu.make_tiled_tma_atom_A, a, self.a_smem_layout_staged)
-        tma_atom_b, tma_b = load_atom(cute.nvgpu.make_tiled_tma_atom_B, b, self.b_smem_layout_staged)
-        tma_atom_sfa, tma_sfa = load_atom(cute.nvgpu.make_tiled_tma_atom_A, sfa, self.sfa_smem_layout_staged,
-                                          internal_type=cutlass.Int16)
-        tma_atom_sfb, tma_sfb = load_atom(cute.nvgpu.make_tiled_tma_atom_B, sfb, self.sfb_smem_layout_staged,
-                                          internal_type=cutlass.Int16)
-        tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), c,
-            cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile)
+        return tiled_mma, (
+            load_atom(cute.nvgpu.make_tiled_tma_atom_A, a, self.a_smem_layout_staged),
+            load_atom(cute.nvgpu.make_tiled_tma_atom_B, b, self.b_smem_layout_staged),
+            load_atom(cute.nvgpu.make_tiled_tma_atom_A, sfa, self.sfa_smem_layout_staged, internal_type=cutlass.Int16),
+            load_atom(cute.nvgpu.make_tiled_tma_atom_B, sfb, self.sfb_smem_layout_staged, internal_type=cutlass.Int16),
+            cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c,
+                                        cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile))
+
+    @cute.jit
+    def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
+                         ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
+                         num_ctas: cutlass.Int32, stream):
+        """The descriptor builder's host function (the GEMM's arguments): one warp per group writes its five."""
+        _, ((atom_a, _), (atom_b, _), (atom_sfa, _), (atom_sfb, _), (atom_c, _)) = self.make_tma_atoms()
+        self.tensormap_staging = tensormap_staging(TENSORMAPS_PER_GROUP)
+        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
+        self.tensormap_builder(atom_a, atom_b, atom_sfa, atom_sfb, atom_c, problem_sizes, abc_ptrs, sf_ptrs,
+                               tensormaps).launch(
+            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
+            use_pdl=self.config.pdl)
+
+    @cute.kernel
+    def tensormap_builder(self, tma_atom_a: cute.CopyAtom, tma_atom_b: cute.CopyAtom, tma_atom_sfa: cute.CopyAtom,
+                          tma_atom_sfb: cute.CopyAtom, tma_atom_c: cute.CopyAtom, problem_sizes: cute.Tensor,
+                          abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor, tensormaps: cute.Tensor):
+        _, _, group = cute.arch.block_idx()
+        staging = utils.SmemAllocator().allocate(self.tensormap_staging)
+        d = self.output_tensor(problem_sizes[group, 0], problem_sizes[group, 1], abc_ptrs[group, 2])
+        write_group_tensormaps((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb, tma_atom_c),
+                               (*self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), d), tensormaps, group,
+                               staging)
+
+    @cute.jit
+    def __call__(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
+                 ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
+                 num_ctas: cutlass.Int32, stream):
+        """The GEMM's host function: tables (G, 4) Int32 M', N', K, L, (G, 3) Int64 A', B', D' and (G, 2) Int64
+        SFA', SFB' addresses, the (G, 5, 16) Int64 descriptor table (`build_tensormaps`), counts, stream."""
+        tiled_mma, atoms = self.make_tma_atoms()
+        (tma_atom_a, tma_a), (tma_atom_b, tma_b), (tma_atom_sfa, tma_sfa), (tma_atom_sfb, tma_sfb), \
+            (tma_atom_c, tma_c) = atoms
 
         @cute.struct
         class SharedStorage:
-            tensormaps: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Int64, TENSORMAP_I64_PER_CTA], BYTES_PER_TENSORMAP]
             ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
             acc_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_acc_stages]
             # a one-element range: .data_ptr() exists in every supported DSL release
@@ -473,23 +547,23 @@ class Sm100GroupedGemmKernel:
         check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
-            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups, num_ctas)
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
 
         self.kernel(
             tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
-            tma_atom_c, tma_c, problem_sizes, abc_ptrs, sf_ptrs, tensormaps, total_tiles,
+            tma_atom_c, tma_c, problem_sizes, tensormaps, total_tiles,
             self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
             self.sfb_smem_layout_staged, self.c_smem_layout_staged, self.epi_tile,
         ).launch(grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], cluster=(1, 1, 1), smem=self.smem_bytes,
-                 stream=stream)
+                 stream=stream, use_pdl=self.config.pdl)
 
     # ---- Device side: the dispatcher --------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tiled_mma: cute.TiledMma,
                tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor,
                tma_atom_sfa: cute.CopyAtom, mSFA_mkl: cute.Tensor, tma_atom_sfb: cute.CopyAtom, mSFB_nkl: cute.Tensor,
-               tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
-               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32,
+               tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor, problem_sizes: cute.Tensor, tensormaps: cute.Tensor,
+               total_tiles: cutlass.Int32,
                # layouts built on the host must reach the device code as arguments
                a_smem_layout_staged: cute.ComposedLayout, b_smem_layout_staged: cute.ComposedLayout,
                sfa_smem_layout_staged: cute.Layout, sfb_smem_layout_staged: cute.Layout,
@@ -513,11 +587,9 @@ class Sm100GroupedGemmKernel:
             barrier_storage=storage.acc_mbar.data_ptr(), num_stages=self.num_acc_stages,
             producer_group=pipeline.CooperativeGroup(thread),
             consumer_group=pipeline.CooperativeGroup(thread, ACC_CONSUMER_ARRIVES))
-        # This CTA's descriptors: slots 0-3 the producer's, slot 4 the epilogue's
-        producer_maps = CtaTensormaps.create((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), tensormaps,
-                                      storage.tensormaps.data_ptr(), 0, TMA_WARP)
-        epilogue_maps = CtaTensormaps.create((tma_atom_c,), tensormaps, storage.tensormaps.data_ptr(), 4,
-                                             EPILOGUE_WARPS[0])
+        # The groups' descriptors: slots 0-3 the producer's, slot 4 the epilogue's
+        producer_maps = GroupTensormaps(tensormaps, 0, 4)
+        epilogue_maps = GroupTensormaps(tensormaps, 4, 1)
         # (MMA, MMA_M, MMA_N, ACC_STAGE) accumulator layout, address known after allocation
         acc_shape = tiled_mma.partition_shape_C(self.tile_mnk[:2])
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stages))
@@ -527,16 +599,16 @@ class Sm100GroupedGemmKernel:
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         if warp_idx == TMA_WARP:
-            self.tma_producer(layouts, smem, ab_pipeline, problem_sizes, scheduler, producer_maps, tiled_mma,
-                              mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs)
+            self.tma_producer(smem, ab_pipeline, scheduler, producer_maps, tiled_mma,
+                              (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
         if warp_idx == MMA_WARP:
             self.mma_issuer(layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma,
                             tCtAcc_fake, tmem_alloc_barrier)
         if warp_idx < MMA_WARP:
-            self.epilogue(layouts, smem, acc_pipeline, problem_sizes, scheduler, epilogue_maps, tiled_mma,
-                          tCtAcc_fake, tmem_alloc_barrier, mC_mnl, abc_ptrs)
+            self.epilogue(layouts, smem, acc_pipeline, scheduler, epilogue_maps, tiled_mma, tCtAcc_fake,
+                          tmem_alloc_barrier, tma_atom_c, mC_mnl)
 
-    # ---- Global tensors: the TMA atoms' placeholders and each group's (descriptor updates) --------------------------
+    # ---- Global tensors: the TMA atoms' placeholders and each group's (the descriptor builder) ----------------------
     @cute.jit
     def operand_tensors(self, mp, np_, k, a_address, b_address, sfa_address, sfb_address):
         """A' (M', K) and B' (N', K), K-major FP4, and their blocked SFA', SFB'."""
@@ -567,11 +639,10 @@ class Sm100GroupedGemmKernel:
 
     # ---- Warp 5: TMA producer ---------------------------------------------------------------------------------------
     @cute.jit
-    def tma_producer(self, layouts, smem, ab_pipeline, problem_sizes, scheduler, tensormaps, tiled_mma,
-                     mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, abc_ptrs, sf_ptrs):
+    def tma_producer(self, smem, ab_pipeline, scheduler, tensormaps, tiled_mma, atoms,
+                     mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
         """Per tile, its K stages of A', B', SFA', SFB' into the ab pipeline's stages."""
-        tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb = tensormaps.atoms
-        tensormaps.init_from_atoms(prefetch_atoms=True)
+        tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb = atoms
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory stages
         sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
         thr_mma = tiled_mma.get_slice(0)
@@ -592,10 +663,12 @@ class Sm100GroupedGemmKernel:
         tAsSFA, tAgSFA = partition(tma_atom_sfa, sSFA, mSFA_mkl, tile_k, thr_mma.partition_A, True)
         tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, tile_n, thr_mma.partition_B, True)
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
+        # Launched while the previous kernel may still run: the descriptor table, the operands and anything an
+        # earlier kernel writes are read only past this wait.
+        cute.arch.griddepcontrol_wait()
         while scheduler.has_work():
             work = scheduler.current()
-            if work.new_group:
-                tensormaps.for_group(self.group_tensors(problem_sizes, work.group, abc_ptrs, sf_ptrs))
+            tensormaps.fetch_ahead(work, scheduler)
             # (source ((ATOM_V, REST_V), REST_K), stage destination) per tensor, in descriptor order
             loads = ((tma_atom_a, tAgA[(None, work.m_tile, None, 0)], tAsA),
                      (tma_atom_b, tBgB[(None, work.n_tile, None, 0)], tBsB),
@@ -606,9 +679,10 @@ class Sm100GroupedGemmKernel:
                 for i, (atom, src, dst) in enumerate(loads):
                     cute.copy(atom, src[(None, k_tile)], dst[(None, producer_state.index)],
                               tma_bar_ptr=ab_pipeline.producer_get_barrier(producer_state),
-                              tma_desc_ptr=tensormaps.descriptor(i))
+                              tma_desc_ptr=tensormaps.descriptor(work.group, i))
                 producer_state.advance()
             scheduler.advance()
+        cute.arch.griddepcontrol_launch_dependents()  # the last loads are issued: the next kernel may start
         ab_pipeline.producer_tail(producer_state)
 
     # ---- Warp 4: MMA issuer -----------------------------------------------------------------------------------------
@@ -682,17 +756,14 @@ class Sm100GroupedGemmKernel:
 
     # ---- Warps 0-3: epilogue ----------------------------------------------------------------------------------------
     @cute.jit
-    def epilogue(self, layouts, smem, acc_pipeline, problem_sizes, scheduler, tensormaps, tiled_mma, tCtAcc_fake,
-                 tmem_alloc_barrier, mC_mnl, abc_ptrs):
+    def epilogue(self, layouts, smem, acc_pipeline, scheduler, tensormaps, tiled_mma, tCtAcc_fake,
+                 tmem_alloc_barrier, tma_atom_c, mC_mnl):
         """Per tile, the accumulator to fp16 D' in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store."""
-        tma_atom_c = tensormaps.atoms[0]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         epilogue_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID, num_threads=EPILOGUE_THREADS)
         leader = warp_idx == EPILOGUE_WARPS[0]
-        tensormaps.init_from_atoms()
         if leader:
-            cpasync.prefetch_descriptor(tma_atom_c)
             cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding)
         tmem_alloc_barrier.arrive_and_wait()
         acc_tmem_ptr, tCtAcc_base = self.tmem_accumulator(smem, tCtAcc_fake)
@@ -725,19 +796,16 @@ class Sm100GroupedGemmKernel:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, EPILOGUE_THREADS))
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
         subtiles_done = cutlass.Int32(0)
+        cute.arch.griddepcontrol_wait()  # D' (and its descriptor) only once the previous kernel has finished
         while scheduler.has_work():
             work = scheduler.current()
-            if work.new_group:  # rewritten while the accumulator fills, published once it is full
-                tensormaps.rewrite((self.output_tensor(problem_sizes[work.group, 0], problem_sizes[work.group, 1],
-                                                       abc_ptrs[work.group, 2]),))
+            if leader:  # the warp issuing the TMA stores
+                tensormaps.fetch_ahead(work, scheduler)
             # ((ATOM_V, REST_V), EPI_M x EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, work.m_tile, work.n_tile, 0)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
             tTR_tAcc = cute.group_modes(tTR_tAcc_base[(None, None, None, None, None, acc_state.index)], 3, 5)
             acc_pipeline.consumer_wait(acc_state)
-            if work.new_group:
-                if leader:
-                    tensormaps.publish()
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             for subtile in cutlass.range(num_subtiles):
                 cute.copy(copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
@@ -749,7 +817,7 @@ class Sm100GroupedGemmKernel:
                 epilogue_barrier.arrive_and_wait()
                 if leader:
                     cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, subtile)],
-                              tma_desc_ptr=tensormaps.descriptor(0))
+                              tma_desc_ptr=tensormaps.descriptor(work.group, 0))
                     c_pipeline.producer_commit()
                     c_pipeline.producer_acquire()  # the buffer written next is free again
                 epilogue_barrier.arrive_and_wait()
@@ -767,7 +835,9 @@ class Sm100GroupedGemmKernel:
 
 
 # ==== Compilation: one kernel per (configuration, architecture) ======================================================
-_compiled: Dict[tuple, tuple] = {}
+# Two host functions of one kernel object, same arguments: the descriptor builder (once per input) and the GEMM.
+CompiledGemm = NamedTuple("CompiledGemm", [("gemm", object), ("build_tensormaps", object), ("kernel", object)])
+_compiled: Dict[tuple, CompiledGemm] = {}
 
 
 def target_arch() -> str:
@@ -779,19 +849,21 @@ def target_arch() -> str:
     return f"sm_{major}{minor}a"
 
 
-def compile_grouped_gemm(config: TileConfig):
-    """(compiled host function, kernel) for `config` (`config.make_kernel()`, here or in hopper.py), compiled once
+def compile_grouped_gemm(config: TileConfig) -> CompiledGemm:
+    """The GEMM and descriptor builder of `config` (`config.make_kernel()`, here or in hopper.py), compiled once
     per configuration and target architecture; no GPU needed when CUTE_DSL_ARCH names the target."""
     key = (config, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
-        _compiled[key] = (compile_with_placeholders(kernel), kernel)
+        _compiled[key] = CompiledGemm(compile_with_placeholders(kernel),
+                                      compile_with_placeholders(kernel.build_tensormaps), kernel)
     return _compiled[key]
 
 
 def compile_with_placeholders(kernel):
-    """cute.compile of a kernel's host function (this module's, or hopper.py's, which takes the same
-    arguments: `host_arguments`) with placeholder arguments: only their types matter."""
+    """cute.compile of a host function (a kernel object's `__call__` or `build_tensormaps`, this module's or
+    hopper.py's: all take the same arguments, `host_arguments`) with placeholder arguments: only their types
+    matter."""
     null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
     return cute.compile(
         kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
@@ -883,13 +955,13 @@ def validate_structure(data) -> list:
 # ==== Host launcher, part 1 (no GPU needed): one pass checks a new input and reads the kernel's tables ===============
 class ShapePlan(NamedTuple):
     """What a set of sizes on a device fixes: `size_words` (the tables' sizes part), `signature` (per group the
-    dtype, shape, strides, device index of a, b, c, sfa_r, sfb_r as `gather_tables` reads them), workspace."""
+    dtype, shape, strides, device index of a, b, c, sfa_r, sfb_r as `gather_tables` reads them), plan memory."""
     config: TileConfig
     size_words: Tuple[int, ...]
     tiles: int
     ctas: int
     signature: Tuple[tuple, ...]
-    workspace_words: int
+    plan_words: int
 
 
 @functools.lru_cache(maxsize=256)
@@ -905,7 +977,7 @@ def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Op
                        for w in (mp | np_ << 32, k | l << 32))
     signature = tuple(tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
                             for x in (dtype, shape, strides, device_index)) for m, n, k, _ in problem_sizes)
-    return ShapePlan(config, size_words, tiles, ctas, signature, config.workspace_words(problem_sizes, ctas))
+    return ShapePlan(config, size_words, tiles, ctas, signature, config.plan_words(problem_sizes))
 
 
 def table_offsets(num_groups: int) -> Tuple[int, int, int]:
@@ -976,24 +1048,14 @@ def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None
 
 
 class StreamResources:
-    """What plans on one (device, stream) share: the workspace (launches on a stream run one after another;
-    each CTA rewrites its descriptors before first use), and an arena of table slots; a freed slot is reused
-    only by plans built on this stream, whose table copy is ordered after every earlier launch there."""
+    """What plans built on one (device, stream) share: an arena of table slots (read-only once copied; a freed
+    slot is reused only by plans built on this stream, whose table copy is ordered after every earlier launch
+    there). Nothing a kernel writes is shared between plans."""
 
     def __init__(self, device_index: int, stream: int):
         self.device_index = device_index
         self.stream = stream
-        self.workspace = torch.empty(sm_count(device_index) * TENSORMAP_I64_PER_CTA, dtype=torch.int64,
-                                     device=device_index)
-        self.outgrown = []  # earlier workspaces, still named by the plans launched with them
         self.free_slots = []  # views of the arena's chunks
-
-    def workspace_for(self, words: int) -> torch.Tensor:
-        """The workspace, grown (never shrunk) to at least `words` (`TileConfig.workspace_words`)."""
-        if self.workspace.numel() < words:
-            self.outgrown.append(self.workspace)
-            self.workspace = torch.empty(words, dtype=torch.int64, device=self.device_index)
-        return self.workspace
 
     def take_slot(self) -> torch.Tensor:
         if not self.free_slots:
@@ -1002,16 +1064,21 @@ class StreamResources:
         return self.free_slots.pop()
 
 
-# Bytes of the host function's arguments: sizes, abc and sf tables, workspace, groups, tiles, CTAs, stream.
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# Bytes of the host function's arguments: sizes, abc and sf tables, plan memory, groups, tiles, CTAs, stream.
 HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 8)
 
 
 def host_arguments(values):
-    """The host function's arguments as DSL objects, from (sizes, abc, sf tables, workspace, groups, tiles, CTAs)."""
-    sizes, abc, sf, workspace, groups, tiles, ctas = values
+    """The host function's arguments as DSL objects, from (sizes, abc, sf tables, plan memory, groups, tiles, CTAs)."""
+    sizes, abc, sf, memory, groups, tiles, ctas = values
     gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
     return (gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc), gmem(cutlass.Int64, sf),
-            gmem(cutlass.Int64, workspace, assumed_align=BYTES_PER_TENSORMAP),
+            gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
             cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas))
 
 
@@ -1113,12 +1180,15 @@ class HostFunction:
 
 class LaunchPlan:
     """One input's launch, built on the current stream: its tables in a slot of its stream's arena (beyond
-    TABLE_SLOT_WORDS, an allocation of its own), and a launch function per CUDA stream."""
+    TABLE_SLOT_WORDS, an allocation of its own), its own device memory (`TileConfig.plan_words`: the descriptor
+    table, written once here by the builder kernel, and hopper.py's scratch), and a launch function per stream.
+    Launches of one plan on two streams share that memory, as they share the outputs."""
 
-    def __init__(self, words: list, shape: ShapePlan, compiled, device_index: int, owner: "GroupedGemmLauncher"):
+    def __init__(self, words: list, shape: ShapePlan, compiled: CompiledGemm, device_index: int,
+                 owner: "GroupedGemmLauncher"):
         self.device_index = device_index
         self.owner = owner  # holds the HostFunction and StreamResources
-        self.host = owner.host_function(compiled, device_index)
+        self.host = owner.host_function(compiled.gemm, device_index)
         self.home = owner.stream_resources(device_index, current_stream_handle(device_index))
         self.words = words
         self.slot = self.home.take_slot() if len(words) <= TABLE_SLOT_WORDS else None
@@ -1128,8 +1198,11 @@ class LaunchPlan:
         abc_at, sf_at, sizes_at = table_offsets(len(shape.signature))
         self.table_addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
         self.counts = (len(shape.signature), shape.tiles, shape.ctas)
-        self.workspace_words = shape.workspace_words
+        self.memory = torch.empty(shape.plan_words, dtype=torch.int64, device=device_index)
+        self.arguments = self.table_addresses + (self.memory.data_ptr(),) + self.counts
+        owner.host_function(compiled.build_tensormaps, device_index).bind(self.arguments, self.home.stream)
         self.used_on_other_stream = False  # its slot is read on two streams: never handed on
+        self.captured = False  # launched in a CUDA graph capture: kept while its inputs live
         self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch
 
     def launch(self):
@@ -1139,14 +1212,16 @@ class LaunchPlan:
         if launch is not None:
             launch()
             return
-        if stream != self.home.stream:
-            # The tables were copied on the plan's own stream: wait for that, and never hand the slot on
+        if stream_capturing():
+            self.captured = True  # a graph captured on a stream the plan was built on or warmed up on
+        elif stream != self.home.stream:
+            # The tables and descriptors were written on the plan's own stream: wait for that
             torch.cuda.current_stream(self.device_index).wait_stream(
                 torch.cuda.ExternalStream(self.home.stream, device=self.device_index))
+        if stream != self.home.stream:  # never hand the slot on; the allocator keeps the memory for this stream
             self.used_on_other_stream = True
-        workspace = self.owner.stream_resources(self.device_index, stream).workspace_for(
-            self.workspace_words).data_ptr()
-        self.launch_by_stream[stream] = self.host.bind(self.table_addresses + (workspace,) + self.counts, stream)
+            self.memory.record_stream(torch.cuda.ExternalStream(stream, device=self.device_index))
+        self.launch_by_stream[stream] = self.host.bind(self.arguments, stream)
 
     def release(self):
         """The plan left the cache: its slot may serve the next plan."""
@@ -1159,7 +1234,7 @@ class GroupedGemmLauncher:
     """custom_kernel's host path (the B200 kernel's; hopper.py's, same arguments). A new input (cold) is checked
     and tabulated in one pass (`gather_tables`; else `validate_input` rules), its tables copied to an arena slot,
     a `plan_class` made; the same tensor objects and sizes again (warm: the timing loop) only launch. Only
-    metadata is cached, never results. `compile_fn(config)` returns (compiled, kernel)."""
+    metadata is cached, never results. `compile_fn(config)` returns a `CompiledGemm`."""
 
     plan_class = LaunchPlan
 
@@ -1188,8 +1263,10 @@ class GroupedGemmLauncher:
 
     def build(self, data, key, config: Optional[TileConfig]):
         shape, words, device_index = self.check_and_gather(data, config or self.config)
-        compiled, _ = self.compile_fn(shape.config)
-        plan = self.plan_class(words, shape, compiled, device_index, self)
+        if stream_capturing():
+            raise RuntimeError("custom_kernel: this input is new, and a new input cannot be prepared during CUDA "
+                               "graph capture (its tables are copied from the host): call it once before capturing")
+        plan = self.plan_class(words, shape, self.compile_fn(shape.config), device_index, self)
         self.register(plan, key, data)
         return plan
 
@@ -1217,8 +1294,10 @@ class GroupedGemmLauncher:
                 gone.release()
         plan.weak_inputs = [weakref.ref(t, forget) for t in itertools.chain(*data[0], *data[2])]
         self.plans[key] = plan
-        while len(self.plans) > self.max_plans:
-            self.plans.popitem(last=False)[1].release()
+        if len(self.plans) > self.max_plans:  # a graph may still launch a captured plan: those stay
+            oldest = next((k for k, p in self.plans.items() if not p.captured), None)
+            if oldest is not None:
+                self.plans.pop(oldest).release()
 
     @staticmethod
     def num_sms(device_index: int) -> int:

@@ -110,14 +110,19 @@ def test_ptx_has_the_designed_instructions(report, config):
     # TMA tensor loads for A', B', SFA', SFB' and a TMA store for D'
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\.tile\.mbarrier", ptx)) >= 4
     assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
-    # per-CTA descriptors rewritten in place and published with the tensormap fences
-    assert "tensormap.replace" in ptx
-    # (five descriptors: one release copy to global memory and one acquire each)
-    releases = re.findall(r"tensormap\.cp_fenceproxy\.global\.shared::cta\.tensormap::generic\.release", ptx)
-    acquires = re.findall(r"fence\.proxy\.tensormap::generic\.acquire", ptx)
-    assert len(releases) == len(acquires) == submission.TENSORMAPS_PER_CTA
-    # the template descriptors and each published descriptor are prefetched
-    assert len(re.findall(r"prefetch\.tensormap", ptx)) == 2 * submission.TENSORMAPS_PER_CTA
+    # descriptors are never rewritten in the GEMM: each of the five is acquired and prefetched,
+    # in two places (the CTA's first group, the next tile's group a tile ahead)
+    features = kernel["ptx_features"]
+    assert features["tensormap_replace"] == features["tensormap_release"] == 0
+    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 2 * submission.TENSORMAPS_PER_GROUP
+    # programmatic dependent launch: the producer and the epilogue wait, the producer releases the next kernel
+    assert features["pdl_wait"] == 2 and features["pdl_launch_dependents"] == 1
+    # the builder: every descriptor replaced in shared memory and copied out with a release fence,
+    # only after the previous kernel has finished
+    built = kernel["builder_ptx_features"]
+    assert built["tensormap_replace"] > 0 and built["tensormap_release"] == submission.TENSORMAPS_PER_GROUP
+    assert built["pdl_wait"] == built["pdl_launch_dependents"] == 1 and built["tma_load"] == 0
+    assert kernel["builder_spill_bytes"] == 0
     # C staged in shared memory is fenced before the TMA store reads it
     assert "fence.proxy.async.shared::cta" in ptx
     # scale factors copied shared -> tensor memory; accumulator read back from TMEM
@@ -159,10 +164,10 @@ first = [(96, 128, 256, 1), (128, 256, 512, 1)]
 second = [(256, 512, 256, 1), (72, 384, 256, 1)]
 third = [(40, 7168, 2048, 1)] * 8
 config = submission.TILE_CONFIGS["128x128"]
-c1, _ = submission.compile_grouped_gemm(config)
+c1 = submission.compile_grouped_gemm(config)
 plans = []
 for sizes in (first, second, third):
-    c, _ = submission.compile_grouped_gemm(config)
+    c = submission.compile_grouped_gemm(config)
     shape = submission.shape_plan(tuple(sizes), 0, 148, config)
     plans.append([c is c1, [shape.tiles, shape.ctas]])
 print(json.dumps({"compiles": len(calls), "plans": plans, "cached": len(submission._compiled)}))

@@ -145,3 +145,110 @@ def test_b200_every_configuration_on_every_test_shape(case, config):
     torch.cuda.synchronize()
     ok, message = check_implementation(data, output)
     assert ok, message
+
+
+# ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
+def kernel_path_or_skip():
+    kernel_paths = (submission.PATH_B200, importlib.import_module("hopper").PATH_HOPPER)
+    if submission.code_path(torch.device("cuda")) not in kernel_paths:
+        pytest.skip("the portable path is not launched with programmatic dependent launch")
+
+
+def with_outputs_of(data, other):
+    """`data` computing into `other`'s C tensors."""
+    abc = [(a, b, c) for (a, b, _), (_, _, c) in zip(data[0], other[0])]
+    return (abc, *data[1:])
+
+
+def outputs(data):
+    return [c for _, _, c in data[0]]
+
+
+def test_back_to_back_calls_sharing_outputs_and_read_by_the_next_op():
+    """Call 2 overwrites call 1's outputs, a torch op reads them in between, and call 2's tokens are written by
+    a torch op just before it; no synchronization anywhere: each kernel touches memory only once the kernel
+    before it has finished."""
+    kernel_path_or_skip()
+    ms, ns, ks = (40, 200, 129), (256, 384, 512), (512, 1536, 256)
+    first = generate_input(ms, ns, ks, 3, seed=21)
+    second = with_outputs_of(generate_input(ms, ns, ks, 3, seed=22), first)
+    tokens = [a.clone() for a, _, _ in second[0]]
+    submission.custom_kernel(first), submission.custom_kernel(second)  # plans built (cold calls)
+    torch.cuda.synchronize()
+    snapshots = []
+    for _ in range(10):
+        for a, _, _ in second[0]:
+            a.zero_()
+        submission.custom_kernel(first)
+        snapshots.append([c.clone() for c in outputs(first)])
+        for (a, _, _), t in zip(second[0], tokens):
+            a.copy_(t)
+        submission.custom_kernel(second)
+        snapshots.append([c.clone() for c in outputs(second)])
+    torch.cuda.synchronize()
+    for i, snapshot in enumerate(snapshots):
+        ok, message = check_implementation(second if i % 2 else first, snapshot)
+        assert ok, (i, message)
+
+
+def test_two_streams_at_once_and_one_plan_on_two_streams():
+    kernel_path_or_skip()
+    inputs = [generate_input((64, 300), (256, 128), (1024, 512), 2, seed=s) for s in (31, 32)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    main = torch.cuda.current_stream()
+    for _ in range(5):
+        for data, stream in zip(inputs, streams):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                for c in outputs(data):
+                    c.fill_(float("nan"))
+                submission.custom_kernel(data)
+        for stream in streams:
+            main.wait_stream(stream)
+        for data in inputs:
+            ok, message = check_implementation(data, outputs(data))
+            assert ok, message
+    # the first input's plan, now on the second stream (after the main stream's work)
+    streams[1].wait_stream(main)
+    with torch.cuda.stream(streams[1]):
+        for c in outputs(inputs[0]):
+            c.fill_(float("nan"))
+        submission.custom_kernel(inputs[0])
+    main.wait_stream(streams[1])
+    ok, message = check_implementation(inputs[0], outputs(inputs[0]))
+    assert ok, message
+
+
+def test_a_warm_call_is_captured_in_a_cuda_graph_and_replays_on_new_values():
+    """As MoE servers call grouped GEMMs: the same tensors, new contents, one graph replay per step."""
+    kernel_path_or_skip()
+    ms, ns, ks = (72, 256), (384, 256), (768, 512)
+    data = generate_input(ms, ns, ks, 2, seed=41)
+    submission.custom_kernel(data)  # the warm-up call
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        submission.custom_kernel(data)
+    for seed in (42, 43):
+        fresh = generate_input(ms, ns, ks, 2, seed=seed)
+        for group, new in zip(data[0] + data[1] + data[2], fresh[0] + fresh[1] + fresh[2]):
+            for t, n in zip(group, new):
+                if t.dtype != torch.float16:  # everything but C
+                    _bytes(t).copy_(_bytes(n))
+        for c in outputs(data):
+            c.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ok, message = check_implementation(data, outputs(data))
+        assert ok, (seed, message)
+
+
+def test_a_cold_call_during_graph_capture_says_to_warm_up_first():
+    kernel_path_or_skip()
+    data = generate_input((64,), (128,), (256,), 1, seed=51)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="call it once before capturing"):
+        with torch.cuda.graph(graph):
+            submission.custom_kernel(data)
+    torch.cuda.synchronize()
+    run_and_check(data)  # and the input still works outside a capture

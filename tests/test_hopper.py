@@ -76,8 +76,15 @@ def test_ptx_has_the_designed_instructions(report, name):
     # lets the GEMM launch early, whose producer waits for it
     assert features["tma_load"] == config.tile_k // 64 + 1 and features["bulk_copy_load"] == 1
     assert len(re.findall(r"st\.global\.v4", ptx)) >= 4
-    assert ptx.count("griddepcontrol.launch_dependents;") == ptx.count("griddepcontrol.wait;") == 1
-    assert features["tensormap_release"] == features["tensormap_acquire"] == hopper.SM90_TENSORMAPS
+    # programmatic dependent launch: the pre-pass and the GEMM's producer release the next kernel;
+    # the pre-pass, the producer and the MMA warps wait before touching global memory
+    assert features["pdl_launch_dependents"] == 2 and features["pdl_wait"] == 3
+    # descriptors built once per input (the builder), only acquired and prefetched in the GEMM
+    assert features["tensormap_replace"] == features["tensormap_release"] == 0
+    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 2 * hopper.SM90_TENSORMAPS
+    built = kernel["builder_ptx_features"]
+    assert built["tensormap_replace"] > 0 and built["tensormap_release"] == hopper.SM90_TENSORMAPS
+    assert built["pdl_wait"] == 1 and kernel["builder_spill_bytes"] == 0
     # E4M3 scales converted in pairs; no thread writes an fp16 operand to shared memory;
     # the weights read with 8-byte loads
     assert features["e4m3_to_f16x2"] >= 1
@@ -257,25 +264,15 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     assert count(r"griddepcontrol\.launch_dependents", by_what["skip-prepass"]) == 0
 
 
-def test_the_token_prepass_asks_for_fp16_a_scratch_and_the_workspace_grows_for_it():
+def test_a_plan_owns_its_descriptor_table_and_the_token_prepass_scratch():
     import submission
     sizes = ((80, 256, 512, 1), (300, 128, 256, 1))
-    tensormap_words = 5 * submission.TENSORMAP_I64_PER_CTA
+    table_words = 2 * submission.TENSORMAP_I64_PER_GROUP  # (G, 5, 16) Int64
     for config in hopper.SM90_CONFIGS.values():
-        assert config.workspace_words(sizes, 5) == tensormap_words + (80 * 512 + 300 * 256) * 2 // 8
-        shape = submission.shape_plan(sizes, -1, 132, config)
-        assert shape.workspace_words == config.workspace_words(sizes, shape.ctas)
-    for config in submission.TILE_CONFIGS.values():  # the B200 kernel: tensormaps only
-        assert config.workspace_words(sizes, 5) == tensormap_words
-    # StreamResources.workspace_for on the CPU: grows, never shrinks, keeps what plans still name
-    resources = object.__new__(submission.StreamResources)
-    resources.device_index, resources.outgrown = "cpu", []
-    resources.workspace = torch.empty(64, dtype=torch.int64)
-    first = resources.workspace
-    assert resources.workspace_for(10) is first
-    grown = resources.workspace_for(189)
-    assert grown.numel() == 189 and resources.outgrown == [first]
-    assert resources.workspace_for(8) is grown
+        assert config.plan_words(sizes) == table_words + (80 * 512 + 300 * 256) * 2 // 8
+        assert submission.shape_plan(sizes, -1, 132, config).plan_words == config.plan_words(sizes)
+    for config in submission.TILE_CONFIGS.values():  # the B200 kernel: the descriptor table only
+        assert config.plan_words(sizes) == table_words
 
 
 def test_the_token_prepass_reads_a_chunks_two_scale_factors_as_one_halfword():

@@ -26,6 +26,7 @@ class RecordingPlan:
         self.words, self.shape = words, shape
         self.launches = 0
         self.released = False
+        self.captured = False
         self.device_index = device_index
         self.launch_by_stream = {CPU_STREAM: self.launch}
         RecordingPlan.built.append(self)
@@ -62,7 +63,7 @@ def cpu_launcher(monkeypatch):
     def make_launcher(**kwargs):
         RecordingPlan.built = []
         validated.clear()
-        return CpuLauncher(compile_fn=lambda config: (None, None), **kwargs), validated
+        return CpuLauncher(compile_fn=lambda config: submission.CompiledGemm(None, None, None), **kwargs), validated
     return make_launcher
 
 
@@ -277,11 +278,10 @@ def test_packed_host_arguments_point_at_their_values():
 
 # ---- on a CUDA GPU: the real LaunchPlan with the stand-in kernel ----------------
 def recorded(launcher, data):
-    """What the stand-in kernel wrote into the current stream's workspace:
-    num_groups, tiles, CTAs, last K, last D' address."""
+    """What the stand-in kernel (as builder and GEMM) wrote into the plan's
+    memory: num_groups, tiles, CTAs, last K, last D' address."""
     torch.cuda.synchronize()
-    stream = submission.current_stream_handle(torch.cuda.current_device())
-    return launcher.stream_resources(torch.cuda.current_device(), stream).workspace[:5].tolist()
+    return launcher.plans[submission.input_key(data)].memory[:5].tolist()
 
 
 def expected_record(data):
@@ -308,7 +308,7 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
         assert launcher.plans[submission.input_key(data)].slot.data_ptr() == slot  # the freed slot, reused
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        launcher(data)  # same plan, another stream, that stream's workspace
+        launcher(data)  # same plan, another stream
         assert recorded(launcher, data) == expected_record(data)
     plan = launcher.plans[submission.input_key(data)]
     assert plan.used_on_other_stream
@@ -323,14 +323,14 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
 @needs_cuda
 def test_gpu_launcher_uses_the_direct_argument_path_where_the_release_allows():
     import hostbench
-    compiled, _ = hostbench.standin_compile(None)
+    compiled = hostbench.standin_compile(None).gemm
     host = submission.HostFunction(compiled, torch.cuda.current_device())
     assert (host.capi is not None) == submission.argument_layout_matches(compiled)
     print("direct host arguments:", host.capi is not None)
 
 
 def test_the_real_launcher_refuses_cpu_tensors_with_the_group_named():
-    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: (None, None))
+    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: submission.CompiledGemm(None, None, None))
     with pytest.raises(ValueError, match="group 0: a is on cpu, expected a CUDA device"):
         launcher(make((64, 200)))
     assert not launcher.plans
