@@ -178,11 +178,11 @@ def test_back_to_back_calls_sharing_outputs_and_read_by_the_next_op():
     snapshots = []
     for _ in range(10):
         for a, _, _ in second[0]:
-            a.zero_()
+            _bytes(a).zero_()
         submission.custom_kernel(first)
         snapshots.append([c.clone() for c in outputs(first)])
         for (a, _, _), t in zip(second[0], tokens):
-            a.copy_(t)
+            _bytes(a).copy_(_bytes(t))
         submission.custom_kernel(second)
         snapshots.append([c.clone() for c in outputs(second)])
     torch.cuda.synchronize()

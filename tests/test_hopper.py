@@ -239,18 +239,21 @@ def _kernel_ptx(configs, dump_dir) -> dict:
 
 
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
-    """`eval.py sweep --diagnose` variants (wrong results by design, timing only):
-    each is the default form with one part left out, and its PTX shows it."""
+    """`eval.py sweep --diagnose` variants (timing only; all but no-pdl give wrong
+    results by design): each is the default form with one part left out, and its PTX
+    shows it (no-pdl's part is a launch attribute)."""
     assert [c.diagnostic for c in hopper.SM90_DIAGNOSTICS] == list(hopper.DIAGNOSTICS)
-    assert all(dataclasses.replace(c, name=hopper.SM90_CONFIG.name, diagnostic="") == hopper.SM90_CONFIG
+    assert all(dataclasses.replace(c, name=hopper.SM90_CONFIG.name, diagnostic="", pdl=True) == hopper.SM90_CONFIG
                for c in hopper.SM90_DIAGNOSTICS)
     assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
     ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS, tmp_path)
     base = ptx.pop(hopper.SM90_CONFIG.name)
     count = lambda pattern, text: len(re.findall(pattern, text))
-    for name, text in ptx.items():
-        assert text != base, name
     by_what = {c.diagnostic: ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
+    # no-pdl (exact results): the same device code, launched without programmatic dependent launch (host side)
+    assert by_what.pop("no-pdl") == base
+    for what, text in by_what.items():
+        assert text != base, what
     conversion = r"mul\.rn\.f16x2"
     # skip-convert: the weights' conversion goes (the pre-pass still converts the tokens)
     assert 0 < count(conversion, by_what["skip-convert"]) < count(conversion, base)
@@ -260,8 +263,10 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
     assert count(tma, by_what["skip-tokens"]) == 1 < count(tma, base)
     # skip-prepass: the pre-pass kernel is not launched: its entry and its early-launch signal go
-    assert count(r"\.entry ", base) == 2 and count(r"griddepcontrol\.launch_dependents", base) == 1
-    assert count(r"griddepcontrol\.launch_dependents", by_what["skip-prepass"]) == 0
+    # (the GEMM's producer still releases the next kernel)
+    assert count(r"\.entry ", base) == 2 and count(r"griddepcontrol\.launch_dependents", base) == 2
+    assert count(r"\.entry ", by_what["skip-prepass"]) == 1
+    assert count(r"griddepcontrol\.launch_dependents", by_what["skip-prepass"]) == 1
 
 
 def test_a_plan_owns_its_descriptor_table_and_the_token_prepass_scratch():
