@@ -690,7 +690,7 @@ def command_model(options) -> int:
     print("MODEL FIGURES for a B200, not measurements (assumptions: submission.py, 'Cost model'):")
     print(f"  {'#':>2} {'chosen':<14} {'model us':>9} {'SOL us':>7} {'SOL/model':>9}  "
           + "  ".join(f"{n + ' us':>16}" for n in names) + "  shape")
-    chosen_times = []
+    chosen_times, terms = [], []
     for i, case in enumerate(cases):
         sizes = problem_sizes_of(case.args)
         estimates = {n: submission.model_time_us(sizes, c) for n, c in submission.TILE_CONFIGS.items()}
@@ -698,12 +698,22 @@ def command_model(options) -> int:
         model_us = estimates[chosen].time_us
         sol_us = b200_speed_of_light_ns(sizes) / 1e3
         chosen_times.append(model_us)
+        config = submission.TILE_CONFIGS[chosen]
+        rewrite = submission.model_time_us(sizes, config, rewrite_descriptors=True)
+        no_pdl = submission.model_time_us(sizes, dataclasses.replace(config, pdl=False))
+        terms.append((i, estimates[chosen], rewrite, no_pdl))
         print(f"  {i:>2} {chosen:<14} {model_us:>9.2f} {sol_us:>7.3f} {sol_us / model_us:>9.2f}  "
               + "  ".join(f"{estimates[n].time_us:>16.2f}" for n in names) + f"  {short_spec(sizes)}")
     geomean = geometric_mean(chosen_times)
     sol = geometric_mean(b200_speed_of_light_ns(problem_sizes_of(c.args)) / 1e3 for c in cases)
     print(f"  modeled geometric mean: {geomean:.2f} us (speed of light {sol:.2f} us, "
           f"ratio {sol / geomean:.2f})")
+    print("  GPU gap to the previous kernel and descriptor waits of the busiest CTA, chosen configuration:")
+    print(f"  {'#':>2} {'gap us (PDL)':>12} {'gap us (none)':>13} {'built once us':>13} {'rewritten us':>12}"
+          f" {'model us if rewritten':>21}")
+    for i, est, rewrite, no_pdl in terms:
+        print(f"  {i:>2} {est.gap_us:>12.2f} {no_pdl.gap_us:>13.2f} {est.descriptor_us:>13.2f}"
+              f" {rewrite.descriptor_us:>12.2f} {rewrite.time_us:>21.2f}")
     return EXIT_OK
 
 
