@@ -694,11 +694,11 @@ def command_model(options) -> int:
     for i, case in enumerate(cases):
         sizes = problem_sizes_of(case.args)
         estimates = {n: submission.model_time_us(sizes, c) for n, c in submission.TILE_CONFIGS.items()}
-        chosen = submission.choose_config(sizes).name
+        config = submission.choose_config(sizes)
+        chosen = config.name
         model_us = estimates[chosen].time_us
         sol_us = b200_speed_of_light_ns(sizes) / 1e3
         chosen_times.append(model_us)
-        config = submission.TILE_CONFIGS[chosen]
         rewrite = submission.model_time_us(sizes, config, rewrite_descriptors=True)
         no_pdl = submission.model_time_us(sizes, dataclasses.replace(config, pdl=False))
         terms.append((i, estimates[chosen], rewrite, no_pdl))
