@@ -456,8 +456,21 @@ PTX_FEATURES = {
 PTX_THREADS = re.compile(r"\.reqntid (\d+), 1, 1")
 
 
+def acquires_before_waits(ptx: str) -> list:
+    """Per `griddepcontrol.wait`, in text order: the descriptor acquire fences since the entry's start or the
+    previous griddepcontrol instruction (those a role issues before it waits for the previous kernel)."""
+    counts = []
+    for entry in re.split(r"\.entry\s", ptx)[1:]:
+        pieces = re.split(r"(griddepcontrol\.\w+)", entry)
+        for before, instruction in zip(pieces[0::2], pieces[1::2]):
+            if instruction == "griddepcontrol.wait":
+                counts.append(len(re.findall(PTX_FEATURES["tensormap_acquire"], before)))
+    return counts
+
+
 def ptx_features(ptx: str) -> dict:
     found = {name: len(re.findall(pattern, ptx)) for name, pattern in PTX_FEATURES.items()}
+    found["acquires_before_waits"] = acquires_before_waits(ptx)
     threads = [int(t) for t in PTX_THREADS.findall(ptx)]
     found["threads_per_cta"] = max(threads) if threads else None  # the GEMM kernel's (the largest)
     return found

@@ -90,7 +90,8 @@ class Sm90TileConfig(TileConfig):
     swizzle_packed_b: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
-    # loads no tokens, "skip-prepass" runs no pre-pass.
+    # loads no tokens, "skip-prepass" runs no pre-pass; with exact results (EXACT_DIAGNOSTICS):
+    # "no-pdl" and "late-release" (the pre-pass's launch_dependents at its end).
     diagnostic: str = ""
 
     @property
@@ -107,7 +108,8 @@ class Sm90TileConfig(TileConfig):
         return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl")
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "late-release")
+EXACT_DIAGNOSTICS = ("no-pdl", "late-release")  # exact results: selectable by CONFIG_ENV
 # Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
 # within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
 # weights on benchmarks 0 and 2).
@@ -118,7 +120,8 @@ SM90_CONFIGS = {c.name: c for c in (
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
-# "no-pdl" (exact results) launches both kernels without programmatic dependent launch.
+# Exact results: "no-pdl" launches both kernels without programmatic dependent launch,
+# "late-release" lets the GEMM launch only once the pre-pass's stores are issued.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
                                              pdl=what != "no-pdl") for what in DIAGNOSTICS)
 
@@ -358,7 +361,7 @@ class Sm90GroupedGemmKernel:
     @cute.jit
     def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
                          ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                         num_ctas: cutlass.Int32, stream):
+                         num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
         """The descriptor builder's host function (the GEMM's arguments):
         one warp per group writes its two descriptors."""
         _, ((atom_a, _), (atom_b, _)) = self.make_tma_atoms()
@@ -389,6 +392,7 @@ class Sm90GroupedGemmKernel:
         num_groups: cutlass.Int32,
         total_tiles: cutlass.Int32,
         num_ctas: cutlass.Int32,
+        plan_ready: cutlass.Int32,  # the tables and descriptors complete before this launch (LaunchPlan.launch)
         stream,
     ):
         layouts, ((tma_atom_a, tma_a), (tma_atom_b, tma_b)) = self.make_tma_atoms()
@@ -407,11 +411,11 @@ class Sm90GroupedGemmKernel:
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
         if cutlass.const_expr(self.config.diagnostic != "skip-prepass"):
-            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups).launch(
+            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready).launch(
                 grid=(1, 1, num_ctas * PREPASS_BLOCKS_PER_CTA), block=[PREPASS_THREADS, 1, 1], stream=stream,
                 use_pdl=self.config.pdl)
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
-                    tensormaps, total_tiles).launch(
+                    tensormaps, total_tiles, plan_ready).launch(
             grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream,
             use_pdl=self.config.pdl)
 
@@ -421,7 +425,7 @@ class Sm90GroupedGemmKernel:
     @cute.kernel
     def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA: cute.Tensor,
                tma_atom_b: cute.CopyAtom, mB: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
-               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32):
+               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32, plan_ready: cutlass.Int32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
@@ -443,7 +447,7 @@ class Sm90GroupedGemmKernel:
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         if warp_idx == self.roles.producer_warp:
-            self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
+            self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps, plan_ready,
                           (tma_atom_a, tma_atom_b), mA, mB)
         if warp_idx < self.roles.producer_warp:
             self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx)
@@ -471,7 +475,8 @@ class Sm90GroupedGemmKernel:
     # The producer warp (last warp; `WarpRoles.producer_warp`)
     # -------------------------------------------------------------------------
     @cute.jit
-    def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, atoms, mA, mB):
+    def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, plan_ready,
+                 atoms, mA, mB):
         """Per stage: TMA the tile's fp16 tokens (the pre-pass's, in the plan's
         scratch) and packed B, bulk-copy its SFB."""
         tma_atom_a, tma_atom_b = atoms
@@ -490,8 +495,9 @@ class Sm90GroupedGemmKernel:
             cute.group_modes(cute.local_tile(mB, (WEIGHT_ROWS, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
-        # launched while the pre-pass runs (programmatic dependent launch): its fp16 A (and
-        # the descriptor table, the weights) are read only past this wait
+        # launched while the pre-pass runs (programmatic dependent launch): its fp16 A and the
+        # weights are read only past this wait, the plan's descriptors before it once complete
+        tensormaps.fetch_early(scheduler, plan_ready)
         cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         while scheduler.has_work():
@@ -624,25 +630,32 @@ class Sm90GroupedGemmKernel:
     # -------------------------------------------------------------------------
     @cute.kernel
     def convert_tokens(self, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor,
-                       tensormaps: cute.Tensor, num_groups: cutlass.Int32):
+                       tensormaps: cute.Tensor, num_groups: cutlass.Int32, plan_ready: cutlass.Int32):
         """A of every group to fp16 in the conversion's K order and scaled as
         `dequant_word` does, into the scratch (`group_tokens`). Chunks of 32 K
         of one row (16 bytes in, 64 out), numbered group by group, row-major;
         thread t of the grid takes chunks t, t + threads, ... (consecutive
         threads, consecutive chunks: coalesced). It lets the GEMM launch
-        (programmatic dependent launch) at once: the GEMM waits for this
-        grid's end before its first copy. Itself launched while the previous
-        kernel may run, it reads and writes only past the wait."""
-        cute.arch.griddepcontrol_launch_dependents()
+        (programmatic dependent launch) at once ("late-release": once its
+        stores are issued): the GEMM waits for this grid's end before its
+        first copy. Itself launched while the previous kernel may run, it
+        reads the plan's sizes before the wait only when they are complete
+        (`plan_ready`), anything else only past the wait."""
+        if cutlass.const_expr(self.config.diagnostic != "late-release"):
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
         scratch = scratch_address(tensormaps, num_groups)
-        cute.arch.griddepcontrol_wait()
         chunks_of = lambda m, k: m * (k // TOKEN_CHUNK_K)  # chunks of a group
         total = cutlass.Int32(0)
-        for g in cutlass.range(0, num_groups, 1, unroll=1):
-            total += chunks_of(problem_sizes[g, 0], problem_sizes[g, 2])
+        if plan_ready != 0:
+            for g in cutlass.range(0, num_groups, 1, unroll=1):
+                total += chunks_of(problem_sizes[g, 0], problem_sizes[g, 2])
+        cute.arch.griddepcontrol_wait()
+        if plan_ready == 0:
+            for g in cutlass.range(0, num_groups, 1, unroll=1):
+                total += chunks_of(problem_sizes[g, 0], problem_sizes[g, 2])
         chunk = bidz * PREPASS_THREADS + tidx
         group = cutlass.Int32(0)
         group_first = cutlass.Int32(0)
@@ -661,6 +674,8 @@ class Sm90GroupedGemmKernel:
             k0 = local % (k // TOKEN_CHUNK_K) * TOKEN_CHUNK_K
             self.convert_token_chunk(abc_ptrs[group, 0], sf_ptrs[group, 0], scratch + offset, row, k0, k)
             chunk += grid_z * PREPASS_THREADS
+        if cutlass.const_expr(self.config.diagnostic == "late-release"):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def convert_token_chunk(self, a_address, sfa_address, out_address, row, k0, k):
@@ -700,7 +715,7 @@ def config_from_setting(setting) -> Sm90TileConfig:
     """custom_kernel's configuration for a CONFIG_ENV setting (unset or empty: the default)."""
     if setting in (None, ""):
         return SM90_CONFIG
-    settings = {**SM90_CONFIGS, **{c.name: c for c in SM90_DIAGNOSTICS if c.diagnostic == "no-pdl"}}
+    settings = {**SM90_CONFIGS, **{c.name: c for c in SM90_DIAGNOSTICS if c.diagnostic in EXACT_DIAGNOSTICS}}
     if setting not in settings:
         raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(settings)}")
     return settings[setting]

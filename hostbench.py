@@ -45,16 +45,17 @@ _standin = {}
 def standin_compile(config):
     """A CompiledGemm whose GEMM and descriptor builder are one kernel for the
     local GPU taking the B200 kernel's arguments. Its one thread writes
-    num_groups, total_tiles, num_ctas, the last group's K and D' address into
-    the plan's memory, so a test can check that the launcher's tables and
-    arguments arrived."""
+    num_groups, total_tiles, num_ctas, the last group's K, D' address and
+    plan_ready into the plan's memory, so a test can check that the
+    launcher's tables and arguments arrived."""
     import cutlass
     import cutlass.cute as cute
 
     if "compiled" not in _standin:
         @cute.kernel
         def record(sizes: cute.Tensor, abc: cute.Tensor, workspace: cute.Tensor,
-                   num_groups: cutlass.Int32, total_tiles: cutlass.Int32, num_ctas: cutlass.Int32):
+                   num_groups: cutlass.Int32, total_tiles: cutlass.Int32, num_ctas: cutlass.Int32,
+                   plan_ready: cutlass.Int32):
             tidx, _, _ = cute.arch.thread_idx()
             _, _, bidz = cute.arch.block_idx()
             if tidx == 0 and bidz == 0:
@@ -63,15 +64,16 @@ def standin_compile(config):
                 workspace[2] = cutlass.Int64(num_ctas)
                 workspace[3] = cutlass.Int64(sizes[num_groups - 1, 2])
                 workspace[4] = abc[num_groups - 1, 2]
+                workspace[5] = cutlass.Int64(plan_ready)
 
         @cute.jit
         def launch(ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
                    ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                   num_ctas: cutlass.Int32, stream):
+                   num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
             sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
             abc = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
             workspace = cute.make_tensor(ptr_tensormaps, cute.make_layout(8))
-            record(sizes, abc, workspace, num_groups, total_tiles, num_ctas).launch(
+            record(sizes, abc, workspace, num_groups, total_tiles, num_ctas, plan_ready).launch(
                 grid=(1, 1, num_ctas), block=[32, 1, 1], stream=stream)
 
         compiled = submission.compile_with_placeholders(launch)
@@ -114,7 +116,7 @@ class SeedPath:
             return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
         args = (ptr(cutlass.Int32, size_table), ptr(cutlass.Int64, abc_table), ptr(cutlass.Int64, sf_table),
                 ptr(cutlass.Int64, memory, 128), cutlass.Int32(len(sizes)), cutlass.Int32(tiles),
-                cutlass.Int32(ctas))
+                cutlass.Int32(ctas), cutlass.Int32(0))  # plan_ready 0: the GEMM follows the builder
         return compiled, args, keep
 
     def launch(self, prepared):

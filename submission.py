@@ -391,6 +391,18 @@ class GroupTensormaps:
                 prefetch(self._pointer(group, i, cute.AddressSpace.generic).llvm_ptr, tensormap=True)
 
     @cute.jit
+    def fetch_early(self, scheduler: TileScheduler, plan_ready) -> None:
+        """Before `griddepcontrol.wait`: the CTA's first group's descriptors, if the plan's tables and descriptors
+        were complete before this launch could start (`plan_ready`, LaunchPlan.launch), so that their DRAM
+        round trips overlap the previous kernel. The first `fetch_ahead` fetches them again after the wait (its
+        acquire fence is what orders a launch with `plan_ready` 0 after the builder)."""
+        if plan_ready != 0:
+            if scheduler.has_work():
+                group, _, _, _ = locate_tile(scheduler.problem_sizes, scheduler.tile_mnk[0], scheduler.tile_mnk[1],
+                                             scheduler.tile, cutlass.Int32(0), cutlass.Int32(0))
+                self.fetch(group)
+
+    @cute.jit
     def fetch_ahead(self, work: WorkTile, scheduler: TileScheduler) -> None:
         """At the start of `work`: its group's descriptors if it is the CTA's first tile, and the next tile's
         group's if that differs."""
@@ -495,7 +507,7 @@ class Sm100GroupedGemmKernel:
     @cute.jit
     def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
                          ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                         num_ctas: cutlass.Int32, stream):
+                         num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
         """The descriptor builder's host function (the GEMM's arguments): one warp per group writes its five."""
         _, ((atom_a, _), (atom_b, _), (atom_sfa, _), (atom_sfb, _), (atom_c, _)) = self.make_tma_atoms()
         self.tensormap_staging = tensormap_staging(TENSORMAPS_PER_GROUP)
@@ -520,9 +532,10 @@ class Sm100GroupedGemmKernel:
     @cute.jit
     def __call__(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
                  ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                 num_ctas: cutlass.Int32, stream):
+                 num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
         """The GEMM's host function: tables (G, 4) Int32 M', N', K, L, (G, 3) Int64 A', B', D' and (G, 2) Int64
-        SFA', SFB' addresses, the (G, 5, 16) Int64 descriptor table (`build_tensormaps`), counts, stream."""
+        SFA', SFB' addresses, the (G, 5, 16) Int64 descriptor table (`build_tensormaps`), counts, `plan_ready`
+        (`LaunchPlan.launch`), stream."""
         tiled_mma, atoms = self.make_tma_atoms()
         (tma_atom_a, tma_a), (tma_atom_b, tma_b), (tma_atom_sfa, tma_sfa), (tma_atom_sfb, tma_sfb), \
             (tma_atom_c, tma_c) = atoms
@@ -551,7 +564,7 @@ class Sm100GroupedGemmKernel:
 
         self.kernel(
             tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
-            tma_atom_c, tma_c, problem_sizes, tensormaps, total_tiles,
+            tma_atom_c, tma_c, problem_sizes, tensormaps, total_tiles, plan_ready,
             self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
             self.sfb_smem_layout_staged, self.c_smem_layout_staged, self.epi_tile,
         ).launch(grid=(1, 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], cluster=(1, 1, 1), smem=self.smem_bytes,
@@ -563,7 +576,7 @@ class Sm100GroupedGemmKernel:
                tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor,
                tma_atom_sfa: cute.CopyAtom, mSFA_mkl: cute.Tensor, tma_atom_sfb: cute.CopyAtom, mSFB_nkl: cute.Tensor,
                tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor, problem_sizes: cute.Tensor, tensormaps: cute.Tensor,
-               total_tiles: cutlass.Int32,
+               total_tiles: cutlass.Int32, plan_ready: cutlass.Int32,
                # layouts built on the host must reach the device code as arguments
                a_smem_layout_staged: cute.ComposedLayout, b_smem_layout_staged: cute.ComposedLayout,
                sfa_smem_layout_staged: cute.Layout, sfb_smem_layout_staged: cute.Layout,
@@ -599,13 +612,13 @@ class Sm100GroupedGemmKernel:
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
         if warp_idx == TMA_WARP:
-            self.tma_producer(smem, ab_pipeline, scheduler, producer_maps, tiled_mma,
+            self.tma_producer(smem, ab_pipeline, scheduler, producer_maps, plan_ready, tiled_mma,
                               (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
         if warp_idx == MMA_WARP:
             self.mma_issuer(layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma,
                             tCtAcc_fake, tmem_alloc_barrier)
         if warp_idx < MMA_WARP:
-            self.epilogue(layouts, smem, acc_pipeline, scheduler, epilogue_maps, tiled_mma, tCtAcc_fake,
+            self.epilogue(layouts, smem, acc_pipeline, scheduler, epilogue_maps, plan_ready, tiled_mma, tCtAcc_fake,
                           tmem_alloc_barrier, tma_atom_c, mC_mnl)
 
     # ---- Global tensors: the TMA atoms' placeholders and each group's (the descriptor builder) ----------------------
@@ -639,7 +652,7 @@ class Sm100GroupedGemmKernel:
 
     # ---- Warp 5: TMA producer ---------------------------------------------------------------------------------------
     @cute.jit
-    def tma_producer(self, smem, ab_pipeline, scheduler, tensormaps, tiled_mma, atoms,
+    def tma_producer(self, smem, ab_pipeline, scheduler, tensormaps, plan_ready, tiled_mma, atoms,
                      mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
         """Per tile, its K stages of A', B', SFA', SFB' into the ab pipeline's stages."""
         tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb = atoms
@@ -663,8 +676,10 @@ class Sm100GroupedGemmKernel:
         tAsSFA, tAgSFA = partition(tma_atom_sfa, sSFA, mSFA_mkl, tile_k, thr_mma.partition_A, True)
         tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, tile_n, thr_mma.partition_B, True)
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
-        # Launched while the previous kernel may still run: the descriptor table, the operands and anything an
-        # earlier kernel writes are read only past this wait.
+        # Launched while the previous kernel may still run: the operands and anything an earlier kernel may write
+        # are read only past this wait; the plan's own tables and descriptors before it only once they are known
+        # complete (`plan_ready`).
+        tensormaps.fetch_early(scheduler, plan_ready)
         cute.arch.griddepcontrol_wait()
         while scheduler.has_work():
             work = scheduler.current()
@@ -756,7 +771,7 @@ class Sm100GroupedGemmKernel:
 
     # ---- Warps 0-3: epilogue ----------------------------------------------------------------------------------------
     @cute.jit
-    def epilogue(self, layouts, smem, acc_pipeline, scheduler, tensormaps, tiled_mma, tCtAcc_fake,
+    def epilogue(self, layouts, smem, acc_pipeline, scheduler, tensormaps, plan_ready, tiled_mma, tCtAcc_fake,
                  tmem_alloc_barrier, tma_atom_c, mC_mnl):
         """Per tile, the accumulator to fp16 D' in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -796,7 +811,8 @@ class Sm100GroupedGemmKernel:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, EPILOGUE_THREADS))
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
         subtiles_done = cutlass.Int32(0)
-        cute.arch.griddepcontrol_wait()  # D' (and its descriptor) only once the previous kernel has finished
+        tensormaps.fetch_early(scheduler, plan_ready)
+        cute.arch.griddepcontrol_wait()  # D' only once the previous kernel has finished
         while scheduler.has_work():
             work = scheduler.current()
             if leader:  # the warp issuing the TMA stores
@@ -868,7 +884,7 @@ def compile_with_placeholders(kernel):
     return cute.compile(
         kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
         null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1),
-        cutlass.Int32(1), make_fake_stream())
+        cutlass.Int32(1), cutlass.Int32(0), make_fake_stream())
 
 
 # ==== Input validation (host only; runs before any launch) ===========================================================
@@ -1070,16 +1086,17 @@ def stream_capturing() -> bool:
 
 
 # Bytes of the host function's arguments: sizes, abc and sf tables, plan memory, groups, tiles, CTAs, stream.
-HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 8)
+HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 4, 8)
 
 
 def host_arguments(values):
-    """The host function's arguments as DSL objects, from (sizes, abc, sf tables, plan memory, groups, tiles, CTAs)."""
-    sizes, abc, sf, memory, groups, tiles, ctas = values
+    """The host function's arguments as DSL objects, from (sizes, abc, sf tables, plan memory, groups, tiles, CTAs,
+    plan ready)."""
+    sizes, abc, sf, memory, groups, tiles, ctas, ready = values
     gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
     return (gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc), gmem(cutlass.Int64, sf),
             gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
-            cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas))
+            cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas), cutlass.Int32(ready))
 
 
 def _execution_args(compiled):
@@ -1109,9 +1126,9 @@ def argument_layout_matches(compiled) -> bool:
     if execution_args is None or CUstream is None:
         return False
     # Addresses beyond 32 bits, so that a 4-byte conversion cannot pass.
-    values = (0x1111_2222_3330, 0x2222_3333_4440, 0x3333_4444_5550, 0x4444_5555_6600, 5, 6, 7, 0x7777_5a5a_0000)
+    values = (0x1111_2222_3330, 0x2222_3333_4440, 0x3333_4444_5550, 0x4444_5555_6600, 5, 6, 7, 1, 0x7777_5a5a_0000)
     try:
-        converted, _ = execution_args.generate_execution_args(host_arguments(values[:7]) + (CUstream(values[7]),), {})
+        converted, _ = execution_args.generate_execution_args(host_arguments(values[:-1]) + (CUstream(values[-1]),), {})
     except Exception:  # any release-specific failure means: not this layout
         return False
     if len(converted) != len(values):
@@ -1157,15 +1174,13 @@ class HostFunction:
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
 
     def bind(self, values, stream: int):
-        """Launch with `values` (`host_arguments`) on `stream` now; return a function launching so again."""
+        """A function launching with `values` (`host_arguments`) on `stream`; nothing launched yet."""
         if self.capi is None:  # through the DSL's own conversion, kept for the next launches
             compiled, args = self.compiled, host_arguments(values) + (_cu_stream_type()(stream),)
             execution_args, run = _execution_args(compiled), getattr(compiled, "run_compiled_program", None)
             if run is None or execution_args is None:
-                compiled(*args)
                 return lambda: compiled(*args)
             converted, keep_alive = execution_args.generate_execution_args(args, {})
-            run(converted)
             return lambda keep_alive=keep_alive: run(converted)
         storage, packed = pack_host_arguments(values, stream, self.extras)
         capi, result = self.capi, self.result
@@ -1174,7 +1189,6 @@ class HostFunction:
             capi(packed)
             if result is not None and result.value != 0:
                 raise RuntimeError(f"CUDA error {result.value} launching the B200 kernel")
-        launch()
         return launch
 
 
@@ -1199,18 +1213,27 @@ class LaunchPlan:
         self.table_addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
         self.counts = (len(shape.signature), shape.tiles, shape.ctas)
         self.memory = torch.empty(shape.plan_words, dtype=torch.int64, device=device_index)
-        self.arguments = self.table_addresses + (self.memory.data_ptr(),) + self.counts
-        owner.host_function(compiled.build_tensormaps, device_index).bind(self.arguments, self.home.stream)
+        self.arguments = self.table_addresses + (self.memory.data_ptr(),) + self.counts  # then plan_ready
+        owner.host_function(compiled.build_tensormaps, device_index).bind(self.arguments + (0,), self.home.stream)()
+        self.built_launch = self.host.bind(self.arguments + (0,), self.home.stream)  # the GEMM right after it
         self.used_on_other_stream = False  # its slot is read on two streams: never handed on
         self.captured = False  # launched in a CUDA graph capture: kept while its inputs live
         self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch
 
     def launch(self):
-        """Launch on the current stream; the first launch there binds the arguments for the next."""
+        """Launch on the current stream; the first launch there binds the arguments for the next. Every launch
+        but the first on the plan's own stream passes `plan_ready` 1: the tables and descriptors are complete
+        before it can start (a full stream or event dependency lies between), so the GEMM may fetch them
+        before its `griddepcontrol.wait`. The first one follows the builder with programmatic launch: 0."""
         stream = current_stream_handle(self.device_index)
         launch = self.launch_by_stream.get(stream)
         if launch is not None:
             launch()
+            return
+        if self.built_launch is not None and stream == self.home.stream:
+            self.built_launch()
+            self.built_launch = None
+            self.launch_by_stream[stream] = self.host.bind(self.arguments + (1,), stream)
             return
         if stream_capturing():
             self.captured = True  # the graph replays this launch: the plan's memory must stay
@@ -1221,7 +1244,8 @@ class LaunchPlan:
         if stream != self.home.stream:  # never hand the slot on; the allocator keeps the memory for this stream
             self.used_on_other_stream = True
             self.memory.record_stream(torch.cuda.ExternalStream(stream, device=self.device_index))
-        self.launch_by_stream[stream] = self.host.bind(self.arguments, stream)
+        self.launch_by_stream[stream] = launch = self.host.bind(self.arguments + (1,), stream)
+        launch()
 
     def release(self):
         """The plan left the cache: its slot may serve the next plan."""

@@ -111,10 +111,12 @@ def test_ptx_has_the_designed_instructions(report, config):
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\.tile\.mbarrier", ptx)) >= 4
     assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
     # descriptors are never rewritten in the GEMM: each of the five is acquired and prefetched,
-    # in two places (the CTA's first group, the next tile's group a tile ahead)
+    # in three places (the CTA's first group before the wait when the plan is ready, again after
+    # it, the next tile's group a tile ahead): the producer's four and the epilogue's one early
     features = kernel["ptx_features"]
     assert features["tensormap_replace"] == features["tensormap_release"] == 0
-    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 2 * submission.TENSORMAPS_PER_GROUP
+    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 3 * submission.TENSORMAPS_PER_GROUP
+    assert features["acquires_before_waits"] == [4, 1]
     # programmatic dependent launch: the producer and the epilogue wait, the producer releases the next kernel
     assert features["pdl_wait"] == 2 and features["pdl_launch_dependents"] == 1
     # the builder: every descriptor replaced in shared memory and copied out with a release fence,

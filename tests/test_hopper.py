@@ -85,9 +85,11 @@ def test_ptx_has_the_designed_instructions(report, name):
     # programmatic dependent launch: the pre-pass and the GEMM's producer release the next kernel;
     # the pre-pass, the producer and the MMA warps wait before touching global memory
     assert features["pdl_launch_dependents"] == 2 and features["pdl_wait"] == 3
-    # descriptors built once per input (the builder), only acquired and prefetched in the GEMM
+    # descriptors built once per input (the builder), only acquired and prefetched in the GEMM:
+    # the first group's by the producer before its wait (plan ready) and after it, then a tile ahead
     assert features["tensormap_replace"] == features["tensormap_release"] == 0
-    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 2 * hopper.SM90_TENSORMAPS
+    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 3 * hopper.SM90_TENSORMAPS
+    assert features["acquires_before_waits"] == [0, hopper.SM90_TENSORMAPS, 0]  # pre-pass, producer, MMA warps
     built = kernel["builder_ptx_features"]
     assert built["tensormap_replace"] > 0 and built["tensormap_release"] == hopper.SM90_TENSORMAPS
     assert built["pdl_wait"] == 1 and kernel["builder_spill_bytes"] == 0
@@ -245,9 +247,9 @@ def _kernel_ptx(configs, dump_dir) -> dict:
 
 
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
-    """`eval.py sweep --diagnose` variants (timing only; all but no-pdl give wrong
-    results by design): each is the default form with one part left out, and its PTX
-    shows it (no-pdl's part is a launch attribute)."""
+    """`eval.py sweep --diagnose` variants (timing only; all but EXACT_DIAGNOSTICS give
+    wrong results by design): each is the default form with one part left out or moved,
+    and its PTX shows it (no-pdl's part is a launch attribute)."""
     assert [c.diagnostic for c in hopper.SM90_DIAGNOSTICS] == list(hopper.DIAGNOSTICS)
     assert all(dataclasses.replace(c, name=hopper.SM90_CONFIG.name, diagnostic="", pdl=True) == hopper.SM90_CONFIG
                for c in hopper.SM90_DIAGNOSTICS)
@@ -273,6 +275,24 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     assert count(r"\.entry ", base) == 2 and count(r"griddepcontrol\.launch_dependents", base) == 2
     assert count(r"\.entry ", by_what["skip-prepass"]) == 1
     assert count(r"griddepcontrol\.launch_dependents", by_what["skip-prepass"]) == 1
+    # late-release: the pre-pass signals the GEMM after its conversion loop (its last store), not first
+    first_signal = lambda text: re.search(r"\.entry\s(?:(?!\.entry\s).)*?griddepcontrol\.(\w+)", text, re.S).group(1)
+    assert first_signal(base) == "launch_dependents" and first_signal(by_what["late-release"]) == "wait"
+    assert count(r"griddepcontrol\.launch_dependents", by_what["late-release"]) == 2
+    assert config_setting_names() >= {f"{hopper.SM90_CONFIG.name}-{w}" for w in hopper.EXACT_DIAGNOSTICS}
+
+
+def config_setting_names():
+    """The names CONFIG_ENV accepts (each must resolve; an unknown one raises)."""
+    names = set(hopper.SM90_CONFIGS) | {c.name for c in hopper.SM90_DIAGNOSTICS}
+    accepted = set()
+    for name in names:
+        try:
+            assert hopper.config_from_setting(name).name == name
+            accepted.add(name)
+        except ValueError:
+            pass
+    return accepted
 
 
 def test_a_plan_owns_its_descriptor_table_and_the_token_prepass_scratch():

@@ -234,7 +234,7 @@ class FakeExecutionArgs:
 
     def generate_execution_args(self, args, kwargs):
         ptrs = [a._pointer for a in args[:4]]  # the DSL runtime pointer's address
-        values = ptrs + [int(a) for a in args[4:7]] + [int(args[7])]
+        values = ptrs + [int(a) for a in args[4:8]] + [int(args[8])]  # counts, plan_ready, the stream
         if self.drop_last:
             values = values[:-1]
         converted = []
@@ -264,7 +264,7 @@ def test_the_argument_layout_check_can_fail():
 
 
 def test_packed_host_arguments_point_at_their_values():
-    values = (0x7F00_0000_1000, 0x7F00_0000_2000, 0x7F00_0000_3000, 0x7F00_0000_4400, 8, 300, 132)
+    values = (0x7F00_0000_1000, 0x7F00_0000_2000, 0x7F00_0000_3000, 0x7F00_0000_4400, 8, 300, 132, 1)
     stream, extras = 0x5A5A_0000, (0x1111, 0x2222)
     buffer, array = submission.pack_host_arguments(values, stream, extras)
     count = len(submission.HOST_ARG_WIDTHS)
@@ -279,16 +279,17 @@ def test_packed_host_arguments_point_at_their_values():
 # ---- on a CUDA GPU: the real LaunchPlan with the stand-in kernel ----------------
 def recorded(launcher, data):
     """What the stand-in kernel (as builder and GEMM) wrote into the plan's
-    memory: num_groups, tiles, CTAs, last K, last D' address."""
+    memory: num_groups, tiles, CTAs, last K, last D' address, plan_ready."""
     torch.cuda.synchronize()
-    return launcher.plans[submission.input_key(data)].memory[:5].tolist()
+    return launcher.plans[submission.input_key(data)].memory[:6].tolist()
 
 
-def expected_record(data):
+def expected_record(data, plan_ready=1):
+    """plan_ready: 0 for the launch right after the builder (the cold call), else 1."""
     config = submission.choose_config(data[3])
     tiles = submission.tile_count(data[3], config)
     ctas = submission.persistent_ctas(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
-    return [len(data[3]), tiles, ctas, data[3][-1][2], data[0][-1][2].data_ptr()]
+    return [len(data[3]), tiles, ctas, data[3][-1][2], data[0][-1][2].data_ptr(), plan_ready]
 
 
 @needs_cuda
@@ -297,14 +298,16 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
     launcher = submission.GroupedGemmLauncher(compile_fn=hostbench.standin_compile)
     data = generate_input((64, 200), (256, 512), (512, 256), 2, seed=3)
     launcher(data)
-    assert recorded(launcher, data) == expected_record(data)
+    assert recorded(launcher, data) == expected_record(data, plan_ready=0)
+    launcher(data)  # warm: the tables and descriptors are known complete
+    assert recorded(launcher, data) == expected_record(data, plan_ready=1)
     slot = launcher.plans[submission.input_key(data)].slot.data_ptr()
     del data
     gc.collect()
     for ms, ks in [((128, 40, 300), (256, 512, 768)), ((1,), (1024,))]:
         data = generate_input(ms, (128,) * len(ms), ks, len(ms), seed=5)
         launcher(data)
-        assert recorded(launcher, data) == expected_record(data)
+        assert recorded(launcher, data) == expected_record(data, plan_ready=0)
         assert launcher.plans[submission.input_key(data)].slot.data_ptr() == slot  # the freed slot, reused
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -317,7 +320,7 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
     data = generate_input((64,), (128,), (256,), 1, seed=9)
     launcher(data)  # a slot read on two streams is not handed on
     assert launcher.plans[submission.input_key(data)].slot.data_ptr() != slot
-    assert recorded(launcher, data) == expected_record(data)
+    assert recorded(launcher, data) == expected_record(data, plan_ready=0)
 
 
 @needs_cuda
