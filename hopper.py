@@ -91,7 +91,7 @@ class Sm90TileConfig(TileConfig):
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
     # loads no tokens, "skip-prepass" runs no pre-pass; with exact results (EXACT_DIAGNOSTICS):
-    # "no-pdl" and "late-release" (the pre-pass's launch_dependents at its end).
+    # "no-pdl", "late-release" (the pre-pass's launch_dependents at its end) and "prepass-pdl".
     diagnostic: str = ""
 
     @property
@@ -108,8 +108,8 @@ class Sm90TileConfig(TileConfig):
         return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "late-release")
-EXACT_DIAGNOSTICS = ("no-pdl", "late-release")  # exact results: selectable by CONFIG_ENV
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "late-release", "prepass-pdl")
+EXACT_DIAGNOSTICS = ("no-pdl", "late-release", "prepass-pdl")  # exact results: selectable by CONFIG_ENV
 # Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
 # within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
 # weights on benchmarks 0 and 2).
@@ -121,7 +121,9 @@ SM90_CONFIGS = {c.name: c for c in (
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
 # Exact results: "no-pdl" launches both kernels without programmatic dependent launch,
-# "late-release" lets the GEMM launch only once the pre-pass's stores are issued.
+# "late-release" lets the GEMM launch only once the pre-pass's stores are issued,
+# "prepass-pdl" launches the pre-pass with it too (its blocks then start in the previous
+# call's GEMM's tail; on the H200 that made the pre-pass 1.5 us slower than its launch gap).
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
                                              pdl=what != "no-pdl") for what in DIAGNOSTICS)
 
@@ -413,7 +415,7 @@ class Sm90GroupedGemmKernel:
         if cutlass.const_expr(self.config.diagnostic != "skip-prepass"):
             self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready).launch(
                 grid=(1, 1, num_ctas * PREPASS_BLOCKS_PER_CTA), block=[PREPASS_THREADS, 1, 1], stream=stream,
-                use_pdl=self.config.pdl)
+                use_pdl=self.config.pdl and self.config.diagnostic == "prepass-pdl")
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, total_tiles, plan_ready).launch(
             grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream,
@@ -638,9 +640,9 @@ class Sm90GroupedGemmKernel:
         threads, consecutive chunks: coalesced). It lets the GEMM launch
         (programmatic dependent launch) at once ("late-release": once its
         stores are issued): the GEMM waits for this grid's end before its
-        first copy. Itself launched while the previous kernel may run, it
-        reads the plan's sizes before the wait only when they are complete
-        (`plan_ready`), anything else only past the wait."""
+        first copy. Itself launched after the previous kernel has ended
+        (but for "prepass-pdl"), it still reads the plan's sizes before its
+        wait only when they are complete (`plan_ready`), anything else past it."""
         if cutlass.const_expr(self.config.diagnostic != "late-release"):
             cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()

@@ -260,6 +260,7 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     by_what = {c.diagnostic: ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
     # no-pdl (exact results): the same device code, launched without programmatic dependent launch (host side)
     assert by_what.pop("no-pdl") == base
+    assert by_what.pop("prepass-pdl") == base  # the pre-pass's launch attribute
     for what, text in by_what.items():
         assert text != base, what
     conversion = r"mul\.rn\.f16x2"
