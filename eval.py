@@ -20,7 +20,9 @@ names; the PTX goes through CUDA's `ptxas -v` for registers and spills.
 """
 import argparse
 import base64
+import contextlib
 import dataclasses
+import gc
 import itertools
 import json
 import math
@@ -182,6 +184,49 @@ def run_single_test(args: dict):
         return False, describe_error(error)
 
 
+class SampleTrace:
+    """With SAMPLE_TRACE_ENV naming a file: one JSON line per timed sample of `run_single_benchmark` (the
+    benchmark's sizes, sample index, GPU us per call, host ms of the 15 calls, Python garbage-collector
+    pauses inside them as [generation, ms]), to find what makes one sample stall. Otherwise nothing."""
+
+    def __init__(self, path, args):
+        self.path, self.sizes, self.pauses, self.host_ms = path, [args.get(k) for k in ("m", "n", "k")], [], 0.0
+        self._gc_start = None
+
+    @classmethod
+    def from_environment(cls, args):
+        return cls(os.environ.get(SAMPLE_TRACE_ENV) or None, args)
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            self.pauses.append([info["generation"], round((time.perf_counter() - self._gc_start) * 1e3, 3)])
+
+    @contextlib.contextmanager
+    def sample(self):
+        if self.path is None:
+            yield
+            return
+        self.pauses, began = [], time.perf_counter()
+        gc.callbacks.append(self._on_gc)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._on_gc)
+            self.host_ms = (time.perf_counter() - began) * 1e3
+
+    def record(self, index: int, us_per_call: float) -> None:
+        if self.path is None:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"sizes": self.sizes, "sample": index, "us_per_call": round(us_per_call / 1000, 3),
+                                "host_ms": round(self.host_ms, 3), "gc_pauses": self.pauses}) + "\n")
+
+
+SAMPLE_TRACE_ENV = "NVFP4_SAMPLE_TRACE"
+
+
 def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_ns: float,
                          progress=None):
     """Stats of one benchmark, timed as the leaderboard does, or an error string.
@@ -205,16 +250,19 @@ def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_n
             return "no CUDA device: benchmarks need a GPU"
 
         durations = []
+        trace = SampleTrace.from_environment(args)
         start_ns = time.perf_counter_ns()
         for i in range(max_repeats):
             torch.cuda.synchronize()
             flush_l2()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            outputs = [custom_kernel(data) for data in inputs]
+            with trace.sample():
+                outputs = [custom_kernel(data) for data in inputs]
             end.record()
             torch.cuda.synchronize()
             durations.append(start.elapsed_time(end) / NUM_INPUTS_PER_BENCHMARK * 1e6)
+            trace.record(i, durations[-1])
             if recheck:
                 for data, output in zip(check_copy, outputs):
                     good, message = check_implementation(data, output)

@@ -91,7 +91,7 @@ class Sm90TileConfig(TileConfig):
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
     # loads no tokens, "skip-prepass" runs no pre-pass; with exact results (EXACT_DIAGNOSTICS):
-    # "no-pdl", "late-release" (the pre-pass's launch_dependents at its end) and "prepass-pdl".
+    # "no-pdl", "early-release" (the pre-pass's launch_dependents first) and "prepass-pdl".
     diagnostic: str = ""
 
     @property
@@ -108,8 +108,8 @@ class Sm90TileConfig(TileConfig):
         return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "late-release", "prepass-pdl")
-EXACT_DIAGNOSTICS = ("no-pdl", "late-release", "prepass-pdl")  # exact results: selectable by CONFIG_ENV
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "early-release", "prepass-pdl")
+EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl")  # exact results: selectable by CONFIG_ENV
 # Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
 # within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
 # weights on benchmarks 0 and 2).
@@ -121,7 +121,7 @@ SM90_CONFIGS = {c.name: c for c in (
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
 # Exact results: "no-pdl" launches both kernels without programmatic dependent launch,
-# "late-release" lets the GEMM launch only once the pre-pass's stores are issued,
+# "early-release" lets the GEMM launch as the pre-pass starts (not once its stores are issued),
 # "prepass-pdl" launches the pre-pass with it too (its blocks then start in the previous
 # call's GEMM's tail; on the H200 that made the pre-pass 1.5 us slower than its launch gap).
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
@@ -497,8 +497,9 @@ class Sm90GroupedGemmKernel:
             cute.group_modes(cute.local_tile(mB, (WEIGHT_ROWS, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
-        # launched while the pre-pass runs (programmatic dependent launch): its fp16 A and the
-        # weights are read only past this wait, the plan's descriptors before it once complete
+        # launched as the pre-pass's last stores are issued (programmatic dependent launch): its
+        # fp16 A and the weights are read only past this wait, the plan's descriptors before it
+        # once complete
         tensormaps.fetch_early(scheduler, plan_ready)
         cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
@@ -638,12 +639,12 @@ class Sm90GroupedGemmKernel:
         of one row (16 bytes in, 64 out), numbered group by group, row-major;
         thread t of the grid takes chunks t, t + threads, ... (consecutive
         threads, consecutive chunks: coalesced). It lets the GEMM launch
-        (programmatic dependent launch) at once ("late-release": once its
-        stores are issued): the GEMM waits for this grid's end before its
+        (programmatic dependent launch) once its stores are issued
+        ("early-release": at once): the GEMM waits for this grid's end before its
         first copy. Itself launched after the previous kernel has ended
         (but for "prepass-pdl"), it still reads the plan's sizes before its
         wait only when they are complete (`plan_ready`), anything else past it."""
-        if cutlass.const_expr(self.config.diagnostic != "late-release"):
+        if cutlass.const_expr(self.config.diagnostic == "early-release"):
             cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         _, _, bidz = cute.arch.block_idx()
@@ -676,7 +677,7 @@ class Sm90GroupedGemmKernel:
             k0 = local % (k // TOKEN_CHUNK_K) * TOKEN_CHUNK_K
             self.convert_token_chunk(abc_ptrs[group, 0], sf_ptrs[group, 0], scratch + offset, row, k0, k)
             chunk += grid_z * PREPASS_THREADS
-        if cutlass.const_expr(self.config.diagnostic == "late-release"):
+        if cutlass.const_expr(self.config.diagnostic != "early-release"):
             cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit

@@ -1,5 +1,6 @@
 """eval.py: the leaderboard protocol (keys, exit codes) and the people's CLI."""
 import base64
+import json
 import os
 import re
 import subprocess
@@ -160,3 +161,28 @@ def test_sweep_needs_a_hopper_gpu():
     done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "sweep", "--case", "3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and "sweep: needs a Hopper GPU (sm_90)" in done.stdout
+
+
+def test_the_sample_trace_records_gc_pauses_inside_a_sample_only_when_asked(tmp_path, monkeypatch):
+    import gc
+    ev = evaluation
+    args = {"m": [64], "n": [128], "k": [256], "g": 1, "seed": 1}
+    monkeypatch.delenv(ev.SAMPLE_TRACE_ENV, raising=False)
+    quiet = ev.SampleTrace.from_environment(args)
+    with quiet.sample():
+        gc.collect()
+    quiet.record(0, 1234.0)  # no file named: nothing written, nothing raised
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(ev.SAMPLE_TRACE_ENV, str(path))
+    trace = ev.SampleTrace.from_environment(args)
+    for index in range(2):
+        with trace.sample():
+            if index == 1:
+                gc.collect()
+        trace.record(index, 21500.0)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["sample"] for line in lines] == [0, 1]
+    assert lines[0]["gc_pauses"] == [] and lines[1]["gc_pauses"][-1][0] == 2  # gc.collect() is generation 2
+    assert lines[1]["us_per_call"] == 21.5 and lines[1]["sizes"] == [[64], [128], [256]]
+    assert all(line["host_ms"] >= 0 for line in lines)
+    assert gc.callbacks.count(trace._on_gc) == 0  # removed after each sample

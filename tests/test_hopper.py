@@ -276,10 +276,10 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     assert count(r"\.entry ", base) == 2 and count(r"griddepcontrol\.launch_dependents", base) == 2
     assert count(r"\.entry ", by_what["skip-prepass"]) == 1
     assert count(r"griddepcontrol\.launch_dependents", by_what["skip-prepass"]) == 1
-    # late-release: the pre-pass signals the GEMM after its conversion loop (its last store), not first
+    # the pre-pass signals the GEMM after its conversion loop (its last store); early-release first
     first_signal = lambda text: re.search(r"\.entry\s(?:(?!\.entry\s).)*?griddepcontrol\.(\w+)", text, re.S).group(1)
-    assert first_signal(base) == "launch_dependents" and first_signal(by_what["late-release"]) == "wait"
-    assert count(r"griddepcontrol\.launch_dependents", by_what["late-release"]) == 2
+    assert first_signal(base) == "wait" and first_signal(by_what["early-release"]) == "launch_dependents"
+    assert count(r"griddepcontrol\.launch_dependents", by_what["early-release"]) == 2
     assert config_setting_names() >= {f"{hopper.SM90_CONFIG.name}-{w}" for w in hopper.EXACT_DIAGNOSTICS}
 
 
