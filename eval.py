@@ -187,11 +187,13 @@ def run_single_test(args: dict):
 class SampleTrace:
     """With SAMPLE_TRACE_ENV naming a file: one JSON line per timed sample of `run_single_benchmark` (the
     benchmark's sizes, sample index, GPU us per call, host ms of the 15 calls, Python garbage-collector
-    pauses inside them as [generation, ms]), to find what makes one sample stall. Otherwise nothing."""
+    pauses inside them as [generation, ms], and the CUDA caching allocator's counters that moved during
+    them: cudaMalloc / cudaFree calls, out-of-memory retries), to find what makes one sample stall.
+    Otherwise nothing."""
 
     def __init__(self, path, args):
         self.path, self.sizes, self.pauses, self.host_ms = path, [args.get(k) for k in ("m", "n", "k")], [], 0.0
-        self._gc_start = None
+        self._gc_start, self.allocator = None, {}
 
     @classmethod
     def from_environment(cls, args):
@@ -208,23 +210,34 @@ class SampleTrace:
         if self.path is None:
             yield
             return
-        self.pauses, began = [], time.perf_counter()
+        self.pauses, before, began = [], allocator_counters(), time.perf_counter()
         gc.callbacks.append(self._on_gc)
         try:
             yield
         finally:
             gc.callbacks.remove(self._on_gc)
             self.host_ms = (time.perf_counter() - began) * 1e3
+            after = allocator_counters()
+            self.allocator = {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
     def record(self, index: int, us_per_call: float) -> None:
         if self.path is None:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps({"sizes": self.sizes, "sample": index, "us_per_call": round(us_per_call / 1000, 3),
-                                "host_ms": round(self.host_ms, 3), "gc_pauses": self.pauses}) + "\n")
+                                "host_ms": round(self.host_ms, 3), "gc_pauses": self.pauses,
+                                "allocator": self.allocator}) + "\n")
 
 
 SAMPLE_TRACE_ENV = "NVFP4_SAMPLE_TRACE"
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def allocator_counters() -> dict:
+    """The CUDA caching allocator's call counters (zeros without CUDA)."""
+    import torch
+    stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    return {k: stats.get(k, 0) for k in ALLOCATOR_COUNTERS}
 
 
 def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_ns: float,

@@ -1,27 +1,23 @@
-"""Per-sample times of eval.py's benchmark loop (in this process, benchmarks in
-order as eval.py's worker runs them) with the CUDA caching allocator's counters
-after each of the first samples: where one sample stalls, whether the
-allocator called cudaMalloc / freed its cache then.
-Usage, from the repository root: python3 scripts/sample_trace.py CASES_FILE [INDEX ...]"""
-import os
+"""Where one sample of the benchmark loop stalls: a summary of the per-sample
+trace that eval.py writes when NVFP4_SAMPLE_TRACE names a file (one JSON line per
+timed sample: sizes, index, GPU us per call, host ms of the 15 calls, garbage-
+collector pauses, allocator counters that moved). Per benchmark: the median
+sample, then the first samples and every sample over 1.5x the median.
+Usage: NVFP4_SAMPLE_TRACE=trace.jsonl POPCORN_FD=3 python3 eval.py benchmark cases/benchmarks.txt 3>/dev/null
+       python3 scripts/sample_trace.py trace.jsonl"""
+import json
+import statistics
 import sys
+from collections import defaultdict
 
-sys.path.insert(0, os.getcwd())
-import torch  # noqa: E402
-
-import eval as ev  # noqa: E402
-
-cases = ev.read_test_file(sys.argv[1])
-keys = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
-for index in [int(i) for i in sys.argv[2:]] or range(len(cases)):
-    seen = []
-
-    def progress(durations):
-        stats = torch.cuda.memory_stats()
-        if len(durations) <= 4 or durations[-1] > 3 * min(durations):
-            seen.append(f"  sample {len(durations) - 1}: {durations[-1] / 1000:9.2f} us/call  "
-                        + " ".join(f"{k[4:]}={stats.get(k, 0)}" for k in keys))
-    result = ev.run_single_benchmark(cases[index].args, False, 100, 1e10, progress=progress)
-    print(f"benchmark {index}: mean {result.mean / 1000:.2f} best {result.best / 1000:.2f} "
-          f"worst {result.worst / 1000:.2f} us, {result.runs} runs" if hasattr(result, "mean") else result)
-    print("\n".join(seen[:12]))
+by_sizes = defaultdict(list)
+for line in open(sys.argv[1]):
+    sample = json.loads(line)
+    by_sizes[json.dumps(sample["sizes"])].append(sample)
+for sizes, samples in by_sizes.items():
+    median = statistics.median(s["us_per_call"] for s in samples)
+    print(f"{sizes}: {len(samples)} samples, median {median:.2f} us/call")
+    for s in samples:
+        if s["sample"] < 2 or s["us_per_call"] > 1.5 * median:
+            print(f"  sample {s['sample']:3d}: {s['us_per_call']:10.2f} us/call, host {s['host_ms']:8.3f} ms, "
+                  f"gc {s['gc_pauses']}, allocator {s.get('allocator', {})}")

@@ -185,4 +185,5 @@ def test_the_sample_trace_records_gc_pauses_inside_a_sample_only_when_asked(tmp_
     assert lines[0]["gc_pauses"] == [] and lines[1]["gc_pauses"][-1][0] == 2  # gc.collect() is generation 2
     assert lines[1]["us_per_call"] == 21.5 and lines[1]["sizes"] == [[64], [128], [256]]
     assert all(line["host_ms"] >= 0 for line in lines)
+    assert all(line["allocator"] == {} for line in lines)  # no CUDA here: no allocator call moved
     assert gc.callbacks.count(trace._on_gc) == 0  # removed after each sample
