@@ -3,6 +3,7 @@
 # the leaderboard protocol (`eval.py benchmark`) for every variant of VARIANTS, then
 # ROUND2 again (absolute times drift), then `scripts/call_timeline.py` (per-kernel
 # durations and the gaps between kernels) for TIMELINE on benchmarks 0 and 3.
+# Each run writes eval.py's sample trace where its tree has one and prints its samples over 1.5x the median.
 # A variant is LABEL=DIR[:SETTING]: a tree (. for this one; older trees made with
 # `git archive REV | tar -x -C DIR` here and carried along) and an NVFP4_SM90_CONFIG.
 # Usage, from the repository root:
@@ -22,9 +23,13 @@ for v in $VARIANTS; do
   labels+=("$label")
 done
 bench() {  # label round
-  (cd "${dirs[$1]}" && NVFP4_SM90_CONFIG=${settings[$1]} POPCORN_FD=3 python3 -W ignore eval.py benchmark \
-      "$root/cases/benchmarks.txt" 3>"$OUT/$1-$2.txt" >"$OUT/$1-$2.log" 2>&1)
-  echo "=== $1 round $2: $(grep -c 'mean' "$OUT/$1-$2.txt") means, $(grep '^check' "$OUT/$1-$2.txt")"
+  # a tree whose eval.py has the sample trace writes it (eval.py's NVFP4_SAMPLE_TRACE)
+  (cd "${dirs[$1]}" && NVFP4_SM90_CONFIG=${settings[$1]} NVFP4_SAMPLE_TRACE="$OUT/trace-$1-$2.jsonl" POPCORN_FD=3 \
+      python3 -W ignore eval.py benchmark "$root/cases/benchmarks.txt" 3>"$OUT/$1-$2.txt" >"$OUT/$1-$2.log" 2>&1)
+  echo "=== $1 round $2: $(grep -c 'mean' "$OUT/$1-$2.txt") means, $(grep '^check' "$OUT/$1-$2.txt")," \
+       "worst us: $(grep 'worst' "$OUT/$1-$2.txt" | awk '{printf "%.1f ", $2 / 1000}')"
+  # samples over 1.5x their benchmark's median, if traced
+  [ -f "$OUT/trace-$1-$2.jsonl" ] && python3 "$root/scripts/sample_trace.py" "$OUT/trace-$1-$2.jsonl" | grep -v "sample   [01]:"
 }
 for label in "${labels[@]}"; do bench "$label" 1; done
 for label in ${ROUND2:-}; do bench "$label" 2; done
