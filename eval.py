@@ -186,9 +186,9 @@ def run_single_test(args: dict):
 
 class SampleTrace:
     """With SAMPLE_TRACE_ENV naming a file: one JSON line per timed sample of `run_single_benchmark` (the
-    benchmark's sizes, sample index, GPU us per call, host ms of the 15 calls, Python garbage-collector
-    pauses inside them as [generation, ms], and the CUDA caching allocator's counters that moved during
-    them: cudaMalloc / cudaFree calls, out-of-memory retries), to find what makes one sample stall.
+    benchmark's sizes, sample index, GPU us per call, host ms of the timed window (start event, 15 calls,
+    end event), Python garbage-collector pauses inside it as [generation, ms], and the CUDA caching
+    allocator's counters that moved during it: cudaMalloc / cudaFree calls, out-of-memory retries), to find what makes one sample stall.
     Otherwise nothing."""
 
     def __init__(self, path, args):
@@ -269,10 +269,10 @@ def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_n
             torch.cuda.synchronize()
             flush_l2()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            with trace.sample():
+            with trace.sample():  # the timed window: what delays the host here delays the end event
+                start.record()
                 outputs = [custom_kernel(data) for data in inputs]
-            end.record()
+                end.record()
             torch.cuda.synchronize()
             durations.append(start.elapsed_time(end) / NUM_INPUTS_PER_BENCHMARK * 1e6)
             trace.record(i, durations[-1])
