@@ -12,8 +12,10 @@ Two kernels per call (the form "weights in registers"):
 - Token pre-pass (`convert_tokens`): every group's A (the tokens, M <= a few
   hundred rows) once per call to fp16, scaled, into the plan's scratch after
   its descriptor table (`scratch_address`, sized by `Sm90TileConfig.plan_words`
-  on the host). It lets the GEMM launch at once (programmatic dependent
-  launch); the GEMM waits for its end before the first copy.
+  on the host). Launched once the previous kernel has ended, it lets the GEMM
+  launch (programmatic dependent launch) once its stores are issued; the GEMM
+  requests its first stages' weights at once, their tokens after its
+  griddepcontrol.wait (the pre-pass's end).
 - GEMM, per tile of C (tile_m tokens x 128 weight rows): a producer warp
   streams the tile's fp16 tokens and packed FP4 weights B (TMA through the
   groups' descriptors, built once per input as the B200 kernel's are:
@@ -91,7 +93,8 @@ class Sm90TileConfig(TileConfig):
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
     # loads no tokens, "skip-prepass" runs no pre-pass; with exact results (EXACT_DIAGNOSTICS):
-    # "no-pdl", "early-release" (the pre-pass's launch_dependents first) and "prepass-pdl".
+    # "no-pdl", "early-release" (the pre-pass's launch_dependents first), "prepass-pdl" and
+    # "weights-after-wait" (the GEMM requests no weights before its griddepcontrol.wait).
     diagnostic: str = ""
 
     @property
@@ -108,8 +111,9 @@ class Sm90TileConfig(TileConfig):
         return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "early-release", "prepass-pdl")
-EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl")  # exact results: selectable by CONFIG_ENV
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "early-release", "prepass-pdl",
+               "weights-after-wait")
+EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl", "weights-after-wait")  # exact results: selectable by CONFIG_ENV
 # Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
 # within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
 # weights on benchmarks 0 and 2).
@@ -123,7 +127,8 @@ SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
 # Exact results: "no-pdl" launches both kernels without programmatic dependent launch,
 # "early-release" lets the GEMM launch as the pre-pass starts (not once its stores are issued),
 # "prepass-pdl" launches the pre-pass with it too (its blocks then start in the previous
-# call's GEMM's tail; on the H200 that made the pre-pass 1.5 us slower than its launch gap).
+# call's GEMM's tail; on the H200 that made the pre-pass 1.5 us slower than its launch gap),
+# "weights-after-wait" requests the GEMM's first weights only after its griddepcontrol.wait.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
                                              pdl=what != "no-pdl") for what in DIAGNOSTICS)
 
@@ -299,6 +304,9 @@ class Sm90GroupedGemmKernel:
         self.b_swizzle_bits = (self.packed_k_bytes // 16).bit_length() - 1 if config.swizzle_packed_b else 0
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per stage
         self.roles = WARP_ROLES
+        # The GEMM may read the weights before its griddepcontrol.wait only where its launch follows a
+        # pre-pass launched without programmatic dependent launch (which starts once all earlier work is done).
+        self.weights_before_wait = config.diagnostic not in ("skip-prepass", "prepass-pdl", "weights-after-wait")
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
@@ -480,7 +488,8 @@ class Sm90GroupedGemmKernel:
     def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, plan_ready,
                  atoms, mA, mB):
         """Per stage: TMA the tile's fp16 tokens (the pre-pass's, in the plan's
-        scratch) and packed B, bulk-copy its SFB."""
+        scratch) and packed B, bulk-copy its SFB; the first tile's first stages'
+        weights before griddepcontrol.wait, their tokens after it."""
         tma_atom_a, tma_atom_b = atoms
         sA = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
         if cutlass.const_expr(self.b_swizzle_bits):
@@ -497,37 +506,75 @@ class Sm90GroupedGemmKernel:
             cute.group_modes(cute.local_tile(mB, (WEIGHT_ROWS, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
-        # launched as the pre-pass's last stores are issued (programmatic dependent launch): its
-        # fp16 A and the weights are read only past this wait, the plan's descriptors before it
-        # once complete
+        # ((ATOM_V, REST_V), STAGE) destinations and their sources, for `load_stage`
+        copies = (tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB)
+
+        # Launched as a programmatic dependent of the pre-pass, which itself started only once every earlier
+        # kernel had finished: only the pre-pass's fp16 tokens need this kernel's griddepcontrol.wait. Once
+        # the plan's tables and descriptors are complete (`plan_ready`), the first tile's first stages of
+        # weights are requested before it (`weights_before_wait`), their tokens after it.
         tensormaps.fetch_early(scheduler, plan_ready)
-        cute.arch.griddepcontrol_wait()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
+        early = cutlass.Int32(0)  # stages of the first tile whose weights were requested before the wait
+        if cutlass.const_expr(self.weights_before_wait):
+            if plan_ready != 0:
+                if scheduler.has_work():
+                    first = scheduler.current()
+                    early = first.k_tiles
+                    if early > self.num_ab_stages:
+                        early = cutlass.Int32(self.num_ab_stages)
+                    for k_tile in cutlass.range(0, early, 1, unroll=1):
+                        ab_pipeline.producer_acquire(state)
+                        self.load_stage("weights", copies, first, k_tile, ab_pipeline.producer_get_barrier(state),
+                                        state.index, tensormaps, problem_sizes, sf_ptrs)
+                        state.advance()
+        cute.arch.griddepcontrol_wait()
+        if early > 0:
+            first = scheduler.current()
+            token_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
+            for k_tile in cutlass.range(0, early, 1, unroll=1):
+                self.load_stage("tokens", copies, first, k_tile, ab_pipeline.producer_get_barrier(token_state),
+                                token_state.index, tensormaps, problem_sizes, sf_ptrs)
+                ab_pipeline.producer_commit(token_state)
+                token_state.advance()
         while scheduler.has_work():
             work = scheduler.current()
             tensormaps.fetch_ahead(work, scheduler)
-            # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
-            sfb_base = sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
-            for k_tile in cutlass.range(0, work.k_tiles, 1, unroll=1):
+            for k_tile in cutlass.range(early, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 barrier = ab_pipeline.producer_get_barrier(state)
-                if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
-                    cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, state.index)],
-                              tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0))
-                cute.copy(tma_atom_b, tBgB[(None, work.n_tile, k_tile)], tBsB[(None, state.index)],
-                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
-                # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
-                if cute.arch.lane_idx() == 0:
-                    src = cute.make_tensor(
-                        cute.make_ptr(cutlass.Uint8, sfb_base + k_tile * self.sf_stage_bytes, cute.AddressSpace.gmem,
-                                      assumed_align=PTR_ALIGN_BYTES),
-                        cute.make_layout(self.sf_stage_bytes))
-                    cute.copy(bulk, src, sSFB[(None, state.index)], mbar_ptr=barrier)
+                for what in ("tokens", "weights"):  # unrolled while tracing
+                    self.load_stage(what, copies, work, k_tile, barrier, state.index, tensormaps, problem_sizes,
+                                    sf_ptrs)
                 ab_pipeline.producer_commit(state)
                 state.advance()
+            early = cutlass.Int32(0)
             scheduler.advance()
         cute.arch.griddepcontrol_launch_dependents()  # the last loads are issued: the next kernel may start
         ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def load_stage(self, what: cutlass.Constexpr, copies, work, k_tile, barrier, stage, tensormaps, problem_sizes,
+                   sf_ptrs):
+        """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the pre-pass's scratch) or its
+        "weights" (packed B by TMA, SFB by a bulk copy), arriving on `barrier`."""
+        tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
+        if cutlass.const_expr(what == "tokens"):
+            if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
+                cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
+                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0))
+        else:
+            cute.copy(tma_atom_b, tBgB[(None, work.n_tile, k_tile)], tBsB[(None, stage)],
+                      tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
+            # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
+            if cute.arch.lane_idx() == 0:
+                # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
+                sfb = (sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
+                       + k_tile * self.sf_stage_bytes)
+                src = cute.make_tensor(
+                    cute.make_ptr(cutlass.Uint8, sfb, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+                    cute.make_layout(self.sf_stage_bytes))
+                cute.copy(bulk, src, sSFB[(None, stage)], mbar_ptr=barrier)
 
     # -------------------------------------------------------------------------
     # The MMA warpgroups: weights dequantized into registers, times the tokens

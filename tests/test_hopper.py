@@ -14,6 +14,8 @@ import torch
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
 from test_compile import DSL_INSTALLS, env_for
 
+import eval as eval_module
+
 hopper = pytest.importorskip("hopper")
 
 _reports = {}
@@ -75,12 +77,18 @@ def test_ptx_has_the_designed_instructions(report, name):
     # per-CTA descriptors; SFB by bulk copy; the pre-pass stores fp16 A, 64 bytes per chunk, and
     # lets the GEMM launch early, whose producer waits for it
     designed = config.tile_k // 64 + 1
-    # DSL 4.5.2 unrolls the producer's K loop despite unroll=1 (its PTX repeats the loop body with
-    # k_tile + 1, + 2, ...), so there the loads only keep their proportion; 4.8.1 emits one body
-    unrolled = 1 if kernel["cutlass_dsl"].startswith("4.8") else features["bulk_copy_load"]
-    assert unrolled >= 1
-    assert features["tma_load"] == designed * unrolled
-    assert features["bulk_copy_load"] == unrolled
+    # Each stage's loads appear twice: in the producer's K loop, and split around its griddepcontrol.wait
+    # (the first stages' weights, B and SFB, before it; their tokens after it). DSL 4.5.2 unrolls the
+    # loops despite unroll=1 (its PTX repeats a body with k_tile + 1, + 2, ...), so there the loads only
+    # keep their proportion; 4.8.1 emits one body each.
+    bodies = 2 if kernel["cutlass_dsl"].startswith("4.8") else features["bulk_copy_load"]
+    assert bodies >= 2
+    assert features["tma_load"] == designed * bodies
+    assert features["bulk_copy_load"] == bodies
+    (gemm,) = [entry for entry in re.split(r"\.entry\s", ptx)[1:] if "wgmma" in entry]
+    before_wait = gemm[:gemm.index("griddepcontrol.wait")]  # the producer's wait comes first
+    assert len(re.findall(eval_module.PTX_FEATURES["tma_load"], before_wait)) == 1  # B only, no tokens
+    assert len(re.findall(eval_module.PTX_FEATURES["bulk_copy_load"], before_wait)) == 1  # SFB
     assert len(re.findall(r"st\.global\.v4", ptx)) >= 4
     # programmatic dependent launch: the pre-pass and the GEMM's producer release the next kernel;
     # the pre-pass, the producer and the MMA warps wait before touching global memory
@@ -260,7 +268,9 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     by_what = {c.diagnostic: ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
     # no-pdl (exact results): the same device code, launched without programmatic dependent launch (host side)
     assert by_what.pop("no-pdl") == base
-    assert by_what.pop("prepass-pdl") == base  # the pre-pass's launch attribute
+    # prepass-pdl: the pre-pass's launch attribute, and (its GEMM may then start before earlier kernels
+    # end) the GEMM requests no weights before its wait, as weights-after-wait
+    assert by_what.pop("prepass-pdl") == by_what["weights-after-wait"]
     for what, text in by_what.items():
         assert text != base, what
     conversion = r"mul\.rn\.f16x2"
@@ -268,9 +278,13 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     assert 0 < count(conversion, by_what["skip-convert"]) < count(conversion, base)
     # skip-mma: no wgmma
     assert count(r"wgmma\.mma_async", base) > 0 == count(r"wgmma\.mma_async", by_what["skip-mma"])
-    # skip-tokens: one TMA load per stage fewer kinds (packed B only)
+    # skip-tokens: packed B's TMA loads only (the first stages' before the wait, then the K loop's)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
-    assert count(tma, by_what["skip-tokens"]) == 1 < count(tma, base)
+    assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
+    # weights-after-wait: the producer's first load follows its griddepcontrol.wait
+    gemm_entry = lambda text: [e for e in re.split(r"\.entry\s", text)[1:] if "wgmma" in e][0]
+    before_wait = lambda text: gemm_entry(text)[:gemm_entry(text).index("griddepcontrol.wait")]
+    assert count(tma, before_wait(base)) == 1 and count(tma, before_wait(by_what["weights-after-wait"])) == 0
     # skip-prepass: the pre-pass kernel is not launched: its entry and its early-launch signal go
     # (the GEMM's producer still releases the next kernel)
     assert count(r"\.entry ", base) == 2 and count(r"griddepcontrol\.launch_dependents", base) == 2
