@@ -539,7 +539,7 @@ class Sm90GroupedGemmKernel:
                 token_state.advance()
         while scheduler.has_work():
             work = scheduler.current()
-            tensormaps.fetch_ahead(work, scheduler)
+            tensormaps.fetch_ahead(work, scheduler, plan_ready)
             for k_tile in cutlass.range(early, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 barrier = ab_pipeline.producer_get_barrier(state)

@@ -395,8 +395,8 @@ class GroupTensormaps:
     def fetch_early(self, scheduler: TileScheduler, plan_ready) -> None:
         """Before `griddepcontrol.wait`: the CTA's first group's descriptors, if the plan's tables and descriptors
         were complete before this launch could start (`plan_ready`, LaunchPlan.launch), so that their DRAM
-        round trips overlap the previous kernel. The first `fetch_ahead` fetches them again after the wait (its
-        acquire fence is what orders a launch with `plan_ready` 0 after the builder)."""
+        round trips overlap the previous kernel. Otherwise the first `fetch_ahead` fetches them after the wait
+        (its acquire fence is what orders a launch with `plan_ready` 0 after the builder)."""
         if plan_ready != 0:
             if scheduler.has_work():
                 group, _, _, _ = locate_tile(scheduler.problem_sizes, scheduler.tile_mnk[0], scheduler.tile_mnk[1],
@@ -404,11 +404,12 @@ class GroupTensormaps:
                 self.fetch(group)
 
     @cute.jit
-    def fetch_ahead(self, work: WorkTile, scheduler: TileScheduler) -> None:
-        """At the start of `work`: its group's descriptors if it is the CTA's first tile, and the next tile's
-        group's if that differs."""
+    def fetch_ahead(self, work: WorkTile, scheduler: TileScheduler, plan_ready) -> None:
+        """At the start of `work`: its group's descriptors if it is the CTA's first tile and `fetch_early` did
+        not fetch them, and the next tile's group's if that differs."""
         if work.first:
-            self.fetch(work.group)
+            if plan_ready == 0:
+                self.fetch(work.group)
         upcoming = scheduler.upcoming_group()
         if upcoming != work.group:
             self.fetch(upcoming)
@@ -684,7 +685,7 @@ class Sm100GroupedGemmKernel:
         cute.arch.griddepcontrol_wait()
         while scheduler.has_work():
             work = scheduler.current()
-            tensormaps.fetch_ahead(work, scheduler)
+            tensormaps.fetch_ahead(work, scheduler, plan_ready)
             # (source ((ATOM_V, REST_V), REST_K), stage destination) per tensor, in descriptor order
             loads = ((tma_atom_a, tAgA[(None, work.m_tile, None, 0)], tAsA),
                      (tma_atom_b, tBgB[(None, work.n_tile, None, 0)], tBsB),
@@ -817,7 +818,7 @@ class Sm100GroupedGemmKernel:
         while scheduler.has_work():
             work = scheduler.current()
             if leader:  # the warp issuing the TMA stores
-                tensormaps.fetch_ahead(work, scheduler)
+                tensormaps.fetch_ahead(work, scheduler, plan_ready)
             # ((ATOM_V, REST_V), EPI_M x EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, work.m_tile, work.n_tile, 0)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
