@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12's same-run measurements in one device call (logs under $OUT): exactness of the old and the new tree
 # (scripts/max_error.py on the tests and each benchmark's first input), then the leaderboard protocol's
-# benchmark mode for old, new, new without programmatic dependent launch (descriptors built once alone) and
-# new with the pre-pass's early release, the old and new again, and both trees' kernel timelines.
+# benchmark mode for old, new, new without programmatic dependent launch (descriptors built once alone),
+# new with the pre-pass's early release and new with the GEMM's first weights after its wait, the old and new again, and both trees' kernel timelines.
 # Usage, from the repository root, with the old tree made by `git archive REV | tar -x -C .old`:
 #   OUT=... bash scripts/issue12-device.sh        (carry .old and .cutedsl)
 set -uo pipefail
@@ -18,5 +18,5 @@ for side in old new; do
       "$root/cases/benchmarks.txt") > "$OUT/exact-$side.txt" 2>&1
   echo "=== exactness $side: $(tail -1 "$OUT/exact-$side.txt")"
 done
-VARIANTS="old=.old new=. nopdl=.:sm90-128x128-k128-wr-no-pdl early=.:sm90-128x128-k128-wr-early-release" \
+VARIANTS="old=.old new=. nopdl=.:sm90-128x128-k128-wr-no-pdl early=.:sm90-128x128-k128-wr-early-release waw=.:sm90-128x128-k128-wr-weights-after-wait" \
   ROUND2="old new" TIMELINE="old new" bash scripts/variants-device.sh
