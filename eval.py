@@ -513,6 +513,7 @@ PTX_FEATURES = {
     "wgmma": r"wgmma\.mma_async",
     "e4m3_to_f16x2": r"cvt\.rn\.f16x2\.e4m3x2",
     "bulk_copy_load": r"cp\.async\.bulk\.shared::(?:cta|cluster)\.global",
+    "integer_divisions": r"\b(?:div|rem)\.[su]32\b",  # run-time divisions (the tile scheduler's)
 }
 PTX_THREADS = re.compile(r"\.reqntid (\d+), 1, 1")
 
@@ -557,9 +558,8 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     hopper = None
     if is_hopper_arch(arch):
         import hopper
-        kernel = hopper.Sm90GroupedGemmKernel(hopper.SM90_CONFIGS[config_name])
-    else:
-        kernel = submission.Sm100GroupedGemmKernel(submission.TILE_CONFIGS[config_name])
+    config = config_named(config_name, arch)
+    kernel = config.make_kernel()
     try:
         compiled = submission.compile_with_placeholders(kernel)
         ptx = ptx_text(compiled)
@@ -644,6 +644,16 @@ def kernel_configs(arch: str) -> list:
         import hopper
         return list(hopper.SM90_CONFIGS.values())
     return list(submission.TILE_CONFIGS.values())
+
+
+def config_named(name: str, arch: str):
+    """A configuration of `arch` by name, "NAME/SCHEDULE" for NAME under a schedule (`submission.Schedule`)."""
+    import submission
+    base, _, schedule = name.partition("/")
+    config = {c.name: c for c in kernel_configs(arch)}[base]
+    if schedule:
+        config = dataclasses.replace(config, name=name, schedule=submission.Schedule.from_name(schedule))
+    return config
 
 
 def hopper_config():

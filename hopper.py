@@ -455,7 +455,8 @@ class Sm90GroupedGemmKernel:
 
         layouts = self.make_layouts()
         # every role walks the same tiles, each with its own copy of this state
-        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
+                                         self.config.schedule.contiguous)
         if warp_idx == self.roles.producer_warp:
             self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps, plan_ready,
                           (tma_atom_a, tma_atom_b), mA, mB)
@@ -762,13 +763,21 @@ CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS; unset: SM90_CONFIG
 
 
 def config_from_setting(setting) -> Sm90TileConfig:
-    """custom_kernel's configuration for a CONFIG_ENV setting (unset or empty: the default)."""
+    """custom_kernel's configuration for a CONFIG_ENV setting (unset or empty: the default): a configuration
+    name, optionally followed by "/" and a schedule (`submission.Schedule.from_name`, e.g. "contiguous+balanced"),
+    or "/SCHEDULE" alone for the default configuration under that schedule."""
     if setting in (None, ""):
         return SM90_CONFIG
+    name, _, schedule = setting.partition("/")
     settings = {**SM90_CONFIGS, **{c.name: c for c in SM90_DIAGNOSTICS if c.diagnostic in EXACT_DIAGNOSTICS}}
-    if setting not in settings:
-        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(settings)}")
-    return settings[setting]
+    if name not in settings and name != "":
+        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(settings)}, optionally with "
+                         "/SCHEDULE")
+    config = settings.get(name, SM90_CONFIG)
+    if schedule:
+        schedule = submission.Schedule.from_name(schedule)
+        config = dataclasses.replace(config, name=f"{config.name}/{schedule.name}", schedule=schedule)
+    return config
 
 
 _launcher = None

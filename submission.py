@@ -106,6 +106,38 @@ def check_sm100_warp_roles() -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How the persistent CTAs share the tiles. `contiguous` (compiled in): CTA c of C takes tiles
+    c T / C .. (c + 1) T / C - 1 of the T tiles, else (round-robin) c, c + C, c + 2 C, ...; `balanced_ctas` (host):
+    the fewest CTAs that take the tiles in as many rounds as one CTA per SM would (`persistent_ctas`);
+    `groups_by_m` (host): groups numbered by descending M, the token count (`group_order`)."""
+    contiguous: bool = False
+    balanced_ctas: bool = False
+    groups_by_m: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [n for n, on in (("contiguous", self.contiguous), ("balanced", self.balanced_ctas),
+                                 ("by-m", self.groups_by_m)) if on]
+        return "+".join(parts) or "round-robin"
+
+    @staticmethod
+    def from_name(name: str) -> "Schedule":
+        """The inverse of `name` ("round-robin", or any of contiguous, balanced, by-m joined by "+")."""
+        parts = set(name.split("+")) - {"round-robin", ""}
+        unknown = parts - {"contiguous", "balanced", "by-m"}
+        if unknown:
+            raise ValueError(f"schedule {name!r}: unknown {', '.join(sorted(unknown))} "
+                             "(expected round-robin, or contiguous, balanced, by-m joined by '+')")
+        return Schedule("contiguous" in parts, "balanced" in parts, "by-m" in parts)
+
+
+# The schedules a cost model chooses among, by name
+SCHEDULES = {s.name: s for s in (Schedule(), Schedule(contiguous=True), Schedule(contiguous=True, balanced_ctas=True),
+                                 Schedule(contiguous=True, balanced_ctas=True, groups_by_m=True))}
+
+
+@dataclasses.dataclass(frozen=True)
 class TileConfig:
     """A B200 kernel configuration: the scheduler's (and CTA's MMA) tile of D' and whether A, B are swapped. The
     launcher uses only these fields and methods, so another architecture's kernel (hopper.py) subclasses it."""
@@ -114,6 +146,12 @@ class TileConfig:
     tile_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool = False  # A' = b, B' = a, D' = C^T
     pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
+    schedule: Schedule = Schedule()
+
+    @property
+    def compile_key(self) -> "TileConfig":
+        """What the compiled code depends on: the configuration less its name and host-side schedule choices."""
+        return dataclasses.replace(self, name="", schedule=Schedule(contiguous=self.schedule.contiguous))
 
     @property
     def tile_mnk(self) -> Tuple[int, int, int]:
@@ -158,9 +196,24 @@ def tile_count(problem_sizes, config: TileConfig) -> int:
                for mp, np_, _, _ in (kernel_problem(s, config) for s in problem_sizes))
 
 
-def persistent_ctas(tiles: int, num_sms: int) -> int:
-    """The persistent grid: one CTA per SM at most, none idle from the start."""
-    return max(1, min(tiles, num_sms))
+def persistent_ctas(tiles: int, num_sms: int, balanced: bool = False) -> int:
+    """The persistent grid: one CTA per SM at most, none idle from the start; `balanced`: the fewest CTAs that
+    still take the tiles in ceil(tiles / SMs) rounds (every CTA then has that many tiles or one fewer)."""
+    ctas = max(1, min(tiles, num_sms))
+    return ceil_div(tiles, ceil_div(tiles, ctas)) if balanced and tiles > 0 else ctas
+
+
+def group_order(problem_sizes, schedule: Schedule) -> Tuple[int, ...]:
+    """The kernel's group numbering: the input's, or by descending M (ties: input order)."""
+    order = range(len(problem_sizes))
+    return tuple(sorted(order, key=lambda g: -problem_sizes[g][0]) if schedule.groups_by_m else order)
+
+
+def cta_tiles(cta: int, ctas: int, tiles: int, schedule: Schedule) -> range:
+    """The linear tiles CTA `cta` of `ctas` takes (`TileScheduler`, here for the host and the cost model)."""
+    if schedule.contiguous:
+        return range(cta * tiles // ctas, (cta + 1) * tiles // ctas)
+    return range(cta, tiles, ctas)
 
 
 # ==== Cost model: which configuration for which problem sizes ========================================================
@@ -193,33 +246,33 @@ ModelEstimate = NamedTuple("ModelEstimate", [("config", str), ("tiles", int), ("
 
 def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT,
                   rewrite_descriptors: bool = False) -> ModelEstimate:
-    """Modeled B200 GPU time of one call (the assumptions above): tiles round-robin over min(tiles, SMs) CTAs, each
-    streaming its K stages at min(stages in flight / latency, the SM's load rate), at least its FP4 math time,
-    plus its descriptor waits (`rewrite_descriptors`: the design before descriptors were built once per input);
-    the larger of the busiest CTA and the unique bytes' DRAM time, plus the gap to the previous kernel."""
-    tiles = []  # (K stages, group) of each tile
+    """Modeled B200 GPU time of one call (the assumptions above): tiles over `persistent_ctas` CTAs as the
+    configuration's schedule deals them (`group_order`, `cta_tiles`), each CTA streaming its K stages at
+    min(stages in flight / latency, the SM's load rate), at least its FP4 math time, plus its descriptor waits
+    (`rewrite_descriptors`: the design before descriptors were built once per input); the larger of the busiest
+    CTA and the unique bytes' DRAM time, plus the gap to the previous kernel."""
+    tiles = []  # (K stages, group) of each tile, in the kernel's numbering
     unique_bytes = 0
-    for group, size in enumerate(problem_sizes):
-        mp, np_, k, _ = kernel_problem(size, config)
+    for group in group_order(problem_sizes, config.schedule):
+        mp, np_, k, _ = kernel_problem(problem_sizes[group], config)
         unique_bytes += (mp + np_) * k // 2 + (mp + np_) * k // SF_VEC_SIZE + 2 * mp * np_
         k_stages = ceil_div(k, config.tile_mnk[2])
         tiles += [(k_stages, group)] * (ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n))
-    ctas = min(len(tiles), num_sms)
+    ctas = persistent_ctas(len(tiles), num_sms, config.schedule.balanced_ctas)
     stages_in_flight = _compute_stages_for_model(config)
     per_cta_bw = min(stages_in_flight * stage_bytes(config) / MODEL_LATENCY_S, MODEL_SM_LOAD_BYTES_PER_S)
     stage_flops = 2 * config.tile_m * config.tile_n * config.tile_mnk[2]
     stage_s = max(stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
-    work = [0.0] * ctas
     # a wait per group change when rewritten, only before the CTA's first group when built once
     descriptor_wait = MODEL_DESCRIPTOR_REWRITE_S if rewrite_descriptors else MODEL_DESCRIPTOR_FETCH_S
-    waits = [0.0] * ctas
-    last_group = [-1] * ctas
-    for i, (k_stages, group) in enumerate(tiles):
-        cta = i % ctas
-        work[cta] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
-        if group != last_group[cta] and (rewrite_descriptors or last_group[cta] < 0):
-            waits[cta] += descriptor_wait
-        last_group[cta] = group
+    work, waits = [0.0] * ctas, [0.0] * ctas
+    for cta in range(ctas):
+        last_group = -1
+        for k_stages, group in (tiles[i] for i in cta_tiles(cta, ctas, len(tiles), config.schedule)):
+            work[cta] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
+            if group != last_group and (rewrite_descriptors or last_group < 0):
+                waits[cta] += descriptor_wait
+            last_group = group
     busiest_cta = max(range(ctas), key=lambda c: work[c] + waits[c])
     busiest = work[busiest_cta] + waits[busiest_cta] + MODEL_LATENCY_S + MODEL_TAIL_S
     dram = unique_bytes / MODEL_DRAM_BYTES_PER_S
@@ -289,38 +342,44 @@ class WorkTile(NamedTuple):
 
 
 class TileScheduler:
-    """The static persistent walk over the tiles of all groups: CTA c of a grid of G takes tiles c, c + G,
-    c + 2 G, ... (`locate_tile`). A kernel's dispatcher creates it once; every warp role walks the same tiles
-    with its own copy of the state (`while scheduler.has_work(): work = scheduler.current(); ...;
-    scheduler.advance()`): three Int32 values carried through the DSL's dynamic loop, the linear tile and
-    where the group search resumes (group, its first tile)."""
+    """The static persistent walk over the tiles of all groups (`locate_tile`): CTA c of a grid of C takes tiles
+    c, c + C, c + 2 C, ... or, `contiguous`, tiles c T / C .. (c + 1) T / C - 1 (`cta_tiles` is the host's twin).
+    A kernel's dispatcher creates it once; every warp role walks the same tiles with its own copy of the state
+    (`while scheduler.has_work(): work = scheduler.current(); ...; scheduler.advance()`): three Int32 values
+    carried through the DSL's dynamic loop, the linear tile and where the group search resumes (group, its first
+    tile); the CTA's first tile and end are fixed."""
 
-    def __init__(self, problem_sizes, total_tiles, tile_mnk, stride, tile, group, group_first_tile):
-        self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride = problem_sizes, total_tiles, tile_mnk, stride
+    def __init__(self, problem_sizes, tile_mnk, stride, start, end, tile, group, group_first_tile):
+        self.problem_sizes, self.tile_mnk, self.stride, self.start, self.end = (
+            problem_sizes, tile_mnk, stride, start, end)
         self.tile, self.group, self.group_first_tile = tile, group, group_first_tile
 
     @staticmethod
-    def create(problem_sizes: cute.Tensor, total_tiles, tile_mnk) -> "TileScheduler":
+    def create(problem_sizes: cute.Tensor, total_tiles, tile_mnk, contiguous: bool) -> "TileScheduler":
         _, _, bidz = cute.arch.block_idx()
         _, _, grid_z = cute.arch.grid_dim()
-        return TileScheduler(problem_sizes, total_tiles, tile_mnk, grid_z, cutlass.Int32(bidz),
-                             cutlass.Int32(0), cutlass.Int32(0))
+        cta, ctas = cutlass.Int32(bidz), cutlass.Int32(grid_z)
+        if cutlass.const_expr(contiguous):
+            stride, start, end = cutlass.Int32(1), cta * total_tiles // ctas, (cta + 1) * total_tiles // ctas
+        else:
+            stride, start, end = ctas, cta, total_tiles
+        return TileScheduler(problem_sizes, tile_mnk, stride, start, end, start, cutlass.Int32(0), cutlass.Int32(0))
 
     def has_work(self):
-        return self.tile < self.total_tiles
+        return self.tile < self.end
 
     def current(self) -> WorkTile:
         tile_m, tile_n, tile_k = self.tile_mnk
         self.group, self.group_first_tile, m_tile, n_tile = locate_tile(
             self.problem_sizes, tile_m, tile_n, self.tile, self.group, self.group_first_tile)
-        return WorkTile(self.group, m_tile, n_tile, self.tile < self.stride, self.problem_sizes, tile_k)
+        return WorkTile(self.group, m_tile, n_tile, self.tile == self.start, self.problem_sizes, tile_k)
 
     @cute.jit
     def upcoming_group(self):
         """The group of this CTA's next tile, or the current tile's group when there is none (after `current`)."""
         upcoming = self.group
         following = self.tile + self.stride
-        if following < self.total_tiles:
+        if following < self.end:
             upcoming, _, _, _ = locate_tile(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], following,
                                             self.group, self.group_first_tile)
         return upcoming
@@ -336,7 +395,7 @@ class TileScheduler:
         return [x.ir_value() for x in (self.tile, self.group, self.group_first_tile)]
 
     def __new_from_mlir_values__(self, values):
-        return TileScheduler(self.problem_sizes, self.total_tiles, self.tile_mnk, self.stride,
+        return TileScheduler(self.problem_sizes, self.tile_mnk, self.stride, self.start, self.end,
                              *(cutlass.Int32(v) for v in values))
 
 
@@ -612,7 +671,8 @@ class Sm100GroupedGemmKernel:
             barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=EPILOGUE_THREADS + 32)
 
         # every role walks the same tiles, each with its own copy of this state
-        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk)
+        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
+                                         self.config.schedule.contiguous)
         if warp_idx == TMA_WARP:
             self.tma_producer(smem, ab_pipeline, scheduler, producer_maps, plan_ready, tiled_mma,
                               (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
@@ -870,7 +930,7 @@ def target_arch() -> str:
 def compile_grouped_gemm(config: TileConfig) -> CompiledGemm:
     """The GEMM and descriptor builder of `config` (`config.make_kernel()`, here or in hopper.py), compiled once
     per configuration and target architecture; no GPU needed when CUTE_DSL_ARCH names the target."""
-    key = (config, target_arch())
+    key = (config.compile_key, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
         _compiled[key] = CompiledGemm(compile_with_placeholders(kernel),
@@ -984,13 +1044,15 @@ def validate_structure(data) -> list:
 # ==== Host launcher, part 1 (no GPU needed): one pass checks a new input and reads the kernel's tables ===============
 class ShapePlan(NamedTuple):
     """What a set of sizes on a device fixes: `size_words` (the tables' sizes part), `signature` (per group the
-    dtype, shape, strides, device index of a, b, c, sfa_r, sfb_r as `gather_tables` reads them), plan memory."""
+    dtype, shape, strides, device index of a, b, c, sfa_r, sfb_r as `gather_tables` reads them), plan memory,
+    and `order`: the input's group of each of the kernel's groups (`group_order`)."""
     config: TileConfig
     size_words: Tuple[int, ...]
     tiles: int
     ctas: int
     signature: Tuple[tuple, ...]
     plan_words: int
+    order: Tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=256)
@@ -1001,12 +1063,14 @@ def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Op
         check_problem_size(g, size)
     config = config or choose_config(problem_sizes)
     tiles = tile_count(problem_sizes, config)
-    ctas = persistent_ctas(tiles, num_sms)
-    size_words = tuple(w for mp, np_, k, l in (kernel_problem(s, config) for s in problem_sizes)
+    ctas = persistent_ctas(tiles, num_sms, config.schedule.balanced_ctas)
+    order = group_order(problem_sizes, config.schedule)
+    ordered = [problem_sizes[g] for g in order]
+    size_words = tuple(w for mp, np_, k, l in (kernel_problem(s, config) for s in ordered)
                        for w in (mp | np_ << 32, k | l << 32))
     signature = tuple(tuple(x for _, dtype, shape, strides in _expected_tensors(m, n, k)
-                            for x in (dtype, shape, strides, device_index)) for m, n, k, _ in problem_sizes)
-    return ShapePlan(config, size_words, tiles, ctas, signature, config.plan_words(problem_sizes))
+                            for x in (dtype, shape, strides, device_index)) for m, n, k, _ in ordered)
+    return ShapePlan(config, size_words, tiles, ctas, signature, config.plan_words(problem_sizes), order)
 
 
 def table_offsets(num_groups: int) -> Tuple[int, int, int]:
@@ -1023,7 +1087,8 @@ def gather_tables(data, shape: ShapePlan, check: bool = True) -> Optional[list]:
     abc_tensors, _, sfasfb_reordered_tensors, _ = data
     swap = shape.config.swap_ab
     abc_words, sf_words = [], []
-    for (a, b, c), (sfa, sfb), want in zip(abc_tensors, sfasfb_reordered_tensors, shape.signature):
+    for g, want in zip(shape.order, shape.signature):
+        (a, b, c), (sfa, sfb) = abc_tensors[g], sfasfb_reordered_tensors[g]
         got = tuple(x for t in (a, b, c, sfa, sfb) for x in (t.dtype, t.shape, t.stride(), t.get_device()))
         if check and got != want:
             return None

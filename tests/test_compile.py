@@ -219,3 +219,23 @@ def test_eval_model_prints_a_modeled_geometric_mean():
     assert done.stdout.startswith("MODEL FIGURES for a B200, not measurements")
     geomean = re.search(r"modeled geometric mean: ([\d.]+) us \(speed of light 5\.21 us", done.stdout)
     assert geomean and float(geomean[1]) > 5.21
+
+
+@pytest.mark.parametrize("install", DSL_INSTALLS)
+@pytest.mark.parametrize("name,arch", [("128x128/contiguous", "sm_100a"),
+                                       ("sm90-128x128-k128-wr/contiguous", "sm_90a")])
+def test_the_contiguous_schedule_compiles_without_spills(install, name, arch):
+    """The one compiled schedule choice (`submission.Schedule.contiguous`): CTA c takes tiles c T / C ..
+    (c + 1) T / C - 1, so the scheduler divides by the grid size, which round-robin never does."""
+    def compile_one(config_name):
+        done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "compile-one", config_name, "--arch", arch],
+                              cwd=ROOT, env=dict(env_for(install), CUTE_DSL_ARCH=arch), capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    contiguous, round_robin = compile_one(name), compile_one(name.split("/")[0])
+    if "PtxasTooOld" in contiguous.get("error", ""):
+        pytest.skip(contiguous["error"])
+    assert contiguous["ok"] and round_robin["ok"], contiguous.get("error")
+    assert contiguous["spill_store_bytes"] == contiguous["spill_load_bytes"] == contiguous["stack_bytes"] == 0
+    assert contiguous["ptx_features"]["integer_divisions"] > round_robin["ptx_features"]["integer_divisions"]

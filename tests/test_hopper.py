@@ -17,6 +17,7 @@ from test_compile import DSL_INSTALLS, env_for
 import eval as eval_module
 
 hopper = pytest.importorskip("hopper")
+import submission  # noqa: E402  (after hopper, which registers its path)
 
 _reports = {}
 
@@ -390,3 +391,17 @@ def test_the_swizzled_packed_stage_puts_a_warps_eight_rows_in_different_banks(ro
         for kb in range(blocks):
             assert len(banks(bits, first_row, kb)) == 8  # one 4-byte bank per row (its word's first half)
             assert len(banks(0, first_row, kb)) == 128 // row_bytes  # unswizzled: shared 2- or 4-way
+
+
+def test_a_setting_may_name_a_schedule():
+    """CONFIG_ENV "NAME/SCHEDULE" (or "/SCHEDULE" for the default form): how the schedules are timed on an H200."""
+    config = hopper.config_from_setting("/contiguous+balanced")
+    assert config.schedule == submission.Schedule(contiguous=True, balanced_ctas=True)
+    assert dataclasses.replace(config, name=hopper.SM90_CONFIG.name, schedule=submission.Schedule()) == \
+        hopper.SM90_CONFIG
+    named = hopper.config_from_setting(f"{hopper.SM90_CONFIG.name}-no-pdl/by-m")
+    assert named.diagnostic == "no-pdl" and named.schedule.groups_by_m and not named.schedule.contiguous
+    with pytest.raises(ValueError, match="unknown"):
+        hopper.config_from_setting("/diagonal")
+    with pytest.raises(ValueError, match="expected one of"):
+        hopper.config_from_setting("sm90-nonesuch/contiguous")

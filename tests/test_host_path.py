@@ -5,6 +5,7 @@ LaunchPlan and an SM count for CPU tensors (no CUDA needed); on a CUDA GPU the
 real LaunchPlan launches a stand-in kernel with the B200 kernel's parameters
 that records the arguments it received."""
 import ctypes
+import dataclasses
 import gc
 
 import pytest
@@ -223,6 +224,58 @@ def test_table_layout():
             mp, np_, k, l = submission.kernel_problem(size, config)
             low, high = words[sizes_at + 2 * g], words[sizes_at + 2 * g + 1]
             assert (low & 0xFFFFFFFF, low >> 32, high & 0xFFFFFFFF, high >> 32) == (mp, np_, k, l)
+
+
+def test_groups_by_m_permutes_every_table_consistently():
+    """Under `groups_by_m` the kernel's group i is the input's group `order[i]`, in every table alike."""
+    data = make((64, 200, 40, 200))
+    for config in submission.TILE_CONFIGS.values():
+        by_m = dataclasses.replace(config, schedule=submission.Schedule(groups_by_m=True))
+        shape = submission.shape_plan(tuple(map(tuple, data[3])), -1, submission.SM100_SM_COUNT, by_m)
+        assert shape.order == (1, 3, 0, 2)  # descending M, ties in input order
+        plain, permuted = table_words(data, config), table_words(data, by_m)
+        _, sf_at, sizes_at = submission.table_offsets(4)
+        for i, g in enumerate(shape.order):
+            assert permuted[3 * i: 3 * i + 3] == plain[3 * g: 3 * g + 3]
+            assert permuted[sf_at + 2 * i: sf_at + 2 * i + 2] == plain[sf_at + 2 * g: sf_at + 2 * g + 2]
+            assert permuted[sizes_at + 2 * i: sizes_at + 2 * i + 2] == plain[sizes_at + 2 * g: sizes_at + 2 * g + 2]
+        assert submission.shape_plan(tuple(map(tuple, data[3])), -1, 148, config).order == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("tiles,sms", [(352, 148), (148, 148), (149, 148), (5, 148), (10_000, 132), (1, 1)])
+def test_every_schedule_gives_each_tile_to_one_cta(tiles, sms):
+    for schedule in submission.SCHEDULES.values():
+        ctas = submission.persistent_ctas(tiles, sms, schedule.balanced_ctas)
+        taken = [t for cta in range(ctas) for t in submission.cta_tiles(cta, ctas, tiles, schedule)]
+        assert sorted(taken) == list(range(tiles)), schedule.name
+        counts = [len(submission.cta_tiles(cta, ctas, tiles, schedule)) for cta in range(ctas)]
+        rounds = -(-tiles // min(tiles, sms))
+        assert max(counts) == rounds and min(counts) >= rounds - 1 >= 0  # as many rounds as one CTA per SM
+        assert 1 <= ctas <= min(tiles, sms)
+        if schedule.contiguous:  # each CTA a run of consecutive tiles
+            assert all(list(r) == list(range(r.start, r.stop)) for r in
+                       (submission.cta_tiles(cta, ctas, tiles, schedule) for cta in range(ctas)))
+
+
+def test_balanced_grids_are_smaller_where_the_last_round_is_short():
+    assert submission.persistent_ctas(352, 148) == 148 and submission.persistent_ctas(352, 148, True) == 118
+    assert submission.persistent_ctas(296, 148, True) == 148  # full rounds: nothing to even out
+    assert submission.persistent_ctas(20, 148, True) == 20
+
+
+def test_schedule_names_round_trip_and_unknown_names_are_refused():
+    for schedule in submission.SCHEDULES.values():
+        assert submission.Schedule.from_name(schedule.name) == schedule
+    with pytest.raises(ValueError, match="unknown spiral"):
+        submission.Schedule.from_name("contiguous+spiral")
+
+
+def test_only_the_compiled_schedule_choice_is_part_of_the_compile_key():
+    base = submission.TILE_CONFIGS["128x128"]
+    host_only = dataclasses.replace(base, name="x", schedule=submission.Schedule(balanced_ctas=True,
+                                                                                 groups_by_m=True))
+    compiled = dataclasses.replace(base, schedule=submission.Schedule(contiguous=True))
+    assert host_only.compile_key == base.compile_key != compiled.compile_key
 
 
 # ---- the host function's argument storage --------------------------------------
