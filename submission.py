@@ -145,6 +145,9 @@ class TileConfig:
     tile_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
     tile_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool = False  # A' = b, B' = a, D' = C^T
+    # CTAs per MMA: 1, or 2 (a (2,1) cluster, tile_m = 256 rows over the pair; modeled only: the kernel has
+    # no 2-CTA form yet, `Sm100GroupedGemmKernel` refuses it)
+    cta_group: int = 1
     pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
     schedule: Schedule = Schedule()
 
@@ -216,41 +219,52 @@ def cta_tiles(cta: int, ctas: int, tiles: int, schedule: Schedule) -> range:
     return range(cta, tiles, ctas)
 
 
-# ==== Cost model: which configuration for which problem sizes ========================================================
-# Assumptions (B200 at the problem statement's 1.5 GHz; model inputs, none measured by this project):
+# ==== Cost model: which configuration and schedule for which problem sizes ==========================================
+# Facts (B200 at the problem statement's 1.5 GHz):
 MODEL_DRAM_BYTES_PER_S = 7.68e12  # reproduces the statement's four speeds of light
 MODEL_FP4_FLOPS_PER_SM = 32768 * 1.5e9  # dense FP4 per SM per second
 MODEL_SM_LOAD_BYTES_PER_S = 128 * 1.5e9  # what one SM can take in from L2 (128 B/clock)
-MODEL_LATENCY_S = 1.0e-6  # DRAM round trip seen by a TMA load
-MODEL_TILE_OVERHEAD_S = 0.15e-6  # per tile: scheduling, barriers
-MODEL_TAIL_S = 0.5e-6  # last tile's epilogue, not overlapped with any mainloop
-# The score is GPU time (docs/contract.md): a kernel's time plus the GPU-side gap to the previous kernel.
-MODEL_GAP_S = 1.6e-6  # gap, no overlap: a near-empty kernel's time per call in the leaderboard loop (H200)
-MODEL_GAP_PDL_S = 0.8e-6  # gap, the launch overlapping the previous kernel's tail: an assumption (half)
-# Descriptors per (CTA, group) the CTA works on: rewritten in the GEMM (replace, copy out with release,
-# acquire, prefetch: on the producer's path before the group's first load), or built once per input and
-# fetched a tile ahead (only the CTA's first group waits for its fetch). Assumptions, none measured.
-MODEL_DESCRIPTOR_REWRITE_S = 0.5e-6
-MODEL_DESCRIPTOR_FETCH_S = 0.3e-6
+# The score is GPU time (docs/contract.md): kernel time plus the GPU-side gap to the previous kernel. Measured on
+# the H200 (not a B200 fact): a near-empty kernel costs 1.6 us per call in the leaderboard's loop; launched
+# with programmatic dependent launch, half of that is assumed to overlap the previous kernel.
+MODEL_NO_PDL_EXTRA_S = 0.8e-6
+MODEL_DESCRIPTOR_FETCH_S = 0.3e-6  # a CTA's first descriptors, built once per input (an assumption)
+
+
+class ModelConstants(NamedTuple):
+    """The model's free constants, fitted to public B200 results (`python eval.py model --fit`; the data points
+    and how each maps onto a configuration and schedule: eval.py, PUBLIC_B200_RESULTS)."""
+    dram_efficiency: float  # the share of MODEL_DRAM_BYTES_PER_S a grouped GEMM sustains
+    latency_s: float  # a TMA load's DRAM round trip, also the pipeline's fill before the first MMA
+    tile_overhead_s: float  # per tile and CTA: scheduling, barriers, the accumulator hand-off
+    fixed_s: float  # per call: the launch gap (with PDL), the grid's ramp, the last tile's epilogue
+    descriptor_rewrite_s: float  # per group change when the GEMM rewrites descriptors (the earlier design)
+
+
+# Fitted by `python eval.py model --fit` (tests/test_compile.py refits them)
+# (latency_s at its lower bound: the public points do not constrain it)
+MODEL_CONSTANTS = ModelConstants(dram_efficiency=0.712, latency_s=0.2e-6, tile_overhead_s=1.24e-6, fixed_s=3.86e-6,
+                                 descriptor_rewrite_s=2.05e-6)
 # Operands re-read by several tiles are assumed to hit in L2: DRAM traffic is each input once and C once,
-# bounded by the DRAM rate as a whole, while each CTA streams its own tiles at most at its stages-in-flight /
-# latency and at most at the SM's load rate.
+# bounded by the sustained DRAM rate as a whole, while each CTA streams its own tiles at most at its stages in
+# flight / latency and at most at the SM's load rate.
 
 
-# time_us and its parts: dram_us (the unique bytes at full DRAM bandwidth), busiest_cta_us (the CTA with most
-# work, its descriptor waits included), gap_us (to the previous kernel), descriptor_us (the busiest CTA's waits)
+# time_us and its parts: dram_us (the unique bytes at the sustained DRAM rate), busiest_cta_us (the CTA with most
+# work, its descriptor waits and the latency included), gap_us (to the previous kernel, beyond fixed_s),
+# descriptor_us (the busiest CTA's waits)
 ModelEstimate = NamedTuple("ModelEstimate", [("config", str), ("tiles", int), ("ctas", int), ("time_us", float),
                                              ("dram_us", float), ("busiest_cta_us", float), ("gap_us", float),
                                              ("descriptor_us", float)])
 
 
 def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COUNT,
-                  rewrite_descriptors: bool = False) -> ModelEstimate:
-    """Modeled B200 GPU time of one call (the assumptions above): tiles over `persistent_ctas` CTAs as the
-    configuration's schedule deals them (`group_order`, `cta_tiles`), each CTA streaming its K stages at
-    min(stages in flight / latency, the SM's load rate), at least its FP4 math time, plus its descriptor waits
-    (`rewrite_descriptors`: the design before descriptors were built once per input); the larger of the busiest
-    CTA and the unique bytes' DRAM time, plus the gap to the previous kernel."""
+                  rewrite_descriptors: bool = False, constants: ModelConstants = MODEL_CONSTANTS) -> ModelEstimate:
+    """Modeled B200 GPU time of one call: tiles over `persistent_ctas` CTAs (pairs for `cta_group` 2) as the
+    schedule deals them (`group_order`, `cta_tiles`), each CTA streaming its K stages at min(stages in flight /
+    latency, the SM's load rate), at least its FP4 math time, plus its descriptor waits (`rewrite_descriptors`:
+    the design before descriptors were built once per input); the larger of the busiest CTA and the unique bytes'
+    time at the sustained DRAM rate, plus the per-call fixed cost."""
     tiles = []  # (K stages, group) of each tile, in the kernel's numbering
     unique_bytes = 0
     for group in group_order(problem_sizes, config.schedule):
@@ -258,38 +272,46 @@ def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COU
         unique_bytes += (mp + np_) * k // 2 + (mp + np_) * k // SF_VEC_SIZE + 2 * mp * np_
         k_stages = ceil_div(k, config.tile_mnk[2])
         tiles += [(k_stages, group)] * (ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n))
-    ctas = persistent_ctas(len(tiles), num_sms, config.schedule.balanced_ctas)
+    # a tile of a 2-CTA configuration is one pair's: count pairs as the scheduler's "CTAs"
+    units = persistent_ctas(len(tiles), num_sms // config.cta_group, config.schedule.balanced_ctas)
     stages_in_flight = _compute_stages_for_model(config)
-    per_cta_bw = min(stages_in_flight * stage_bytes(config) / MODEL_LATENCY_S, MODEL_SM_LOAD_BYTES_PER_S)
-    stage_flops = 2 * config.tile_m * config.tile_n * config.tile_mnk[2]
+    per_cta_bw = min(stages_in_flight * stage_bytes(config) / constants.latency_s, MODEL_SM_LOAD_BYTES_PER_S)
+    stage_flops = 2 * config.tile_m * config.tile_n * config.tile_mnk[2] // config.cta_group
     stage_s = max(stage_bytes(config) / per_cta_bw, stage_flops / MODEL_FP4_FLOPS_PER_SM)
     # a wait per group change when rewritten, only before the CTA's first group when built once
-    descriptor_wait = MODEL_DESCRIPTOR_REWRITE_S if rewrite_descriptors else MODEL_DESCRIPTOR_FETCH_S
-    work, waits = [0.0] * ctas, [0.0] * ctas
-    for cta in range(ctas):
+    descriptor_wait = constants.descriptor_rewrite_s if rewrite_descriptors else MODEL_DESCRIPTOR_FETCH_S
+    work, waits = [0.0] * units, [0.0] * units
+    for unit in range(units):
         last_group = -1
-        for k_stages, group in (tiles[i] for i in cta_tiles(cta, ctas, len(tiles), config.schedule)):
-            work[cta] += k_stages * stage_s + MODEL_TILE_OVERHEAD_S
+        for k_stages, group in (tiles[i] for i in cta_tiles(unit, units, len(tiles), config.schedule)):
+            work[unit] += k_stages * stage_s + constants.tile_overhead_s
             if group != last_group and (rewrite_descriptors or last_group < 0):
-                waits[cta] += descriptor_wait
+                waits[unit] += descriptor_wait
             last_group = group
-    busiest_cta = max(range(ctas), key=lambda c: work[c] + waits[c])
-    busiest = work[busiest_cta] + waits[busiest_cta] + MODEL_LATENCY_S + MODEL_TAIL_S
-    dram = unique_bytes / MODEL_DRAM_BYTES_PER_S
-    gap = MODEL_GAP_PDL_S if config.pdl else MODEL_GAP_S
-    return ModelEstimate(config.name, len(tiles), ctas, 1e6 * (max(busiest, dram) + gap), 1e6 * dram,
-                         1e6 * busiest, 1e6 * gap, 1e6 * waits[busiest_cta])
+    busiest_unit = max(range(units), key=lambda c: work[c] + waits[c])
+    busiest = work[busiest_unit] + waits[busiest_unit] + constants.latency_s
+    dram = unique_bytes / (MODEL_DRAM_BYTES_PER_S * constants.dram_efficiency)
+    gap = 0.0 if config.pdl else MODEL_NO_PDL_EXTRA_S
+    return ModelEstimate(config.name, len(tiles), units * config.cta_group,
+                         1e6 * (max(busiest, dram) + constants.fixed_s + gap), 1e6 * dram, 1e6 * busiest, 1e6 * gap,
+                         1e6 * waits[busiest_unit])
+
+
+def model_candidates() -> list:
+    """What the model chooses among: every compiled tile configuration under every schedule of SCHEDULES."""
+    return [dataclasses.replace(c, name=f"{c.name}/{s.name}", schedule=s)
+            for c in TILE_CONFIGS.values() for s in SCHEDULES.values()]
 
 
 def choose_config(problem_sizes) -> TileConfig:
-    """The configuration with the smallest modeled time (ties: the first listed)."""
+    """The configuration and schedule with the smallest modeled time (ties: the first of `model_candidates`)."""
     return _choose_config(tuple(tuple(s) for s in problem_sizes))
 
 
 @functools.lru_cache(maxsize=256)
 def _choose_config(problem_sizes: tuple) -> TileConfig:
     # The model walks every tile: remember its answer per shape set.
-    return min(TILE_CONFIGS.values(), key=lambda c: model_time_us(problem_sizes, c).time_us)
+    return min(model_candidates(), key=lambda c: model_time_us(problem_sizes, c).time_us)
 
 
 NUM_C_STAGES = 2
@@ -303,8 +325,10 @@ def _compute_stages_for_model(config: TileConfig) -> int:
 
 
 def stage_bytes(config: TileConfig) -> int:
-    """Bytes of one A/B/SFA/SFB stage; scale factors come in whole 128-row blocks."""
+    """Bytes of one CTA's A/B/SFA/SFB stage (a pair of `cta_group` 2 splits A' and B' rows between its two CTAs);
+    scale factors come in whole 128-row blocks."""
     m, n, k = config.tile_mnk
+    m, n = m // config.cta_group, n // config.cta_group
     sf = (ceil_div(m, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
     return (m + n) * k // 2 + sf
 
@@ -504,6 +528,8 @@ class Sm100GroupedGemmKernel:
 
     def __init__(self, config: TileConfig):
         check_sm100_warp_roles()
+        if config.cta_group != 1:
+            raise ValueError(f"{config.name}: the B200 kernel has no 2-CTA form yet (cta_group {config.cta_group})")
         self.config, self.tile_mnk, self.cta_group = config, config.tile_mnk, tcgen05.CtaGroup.ONE
         # D' is C (row-major, N' contiguous) or C^T (column-major, M' contiguous).
         self.c_layout = utils.LayoutEnum.COL_MAJOR if config.swap_ab else utils.LayoutEnum.ROW_MAJOR

@@ -6,6 +6,7 @@ DSL takes its target from CUTE_DSL_ARCH. Set NVFP4_EXTRA_CUTLASS_DSL to a folder
 holding another nvidia-cutlass-dsl release (`pip install --target`; `.ci/run`
 does this for 4.5.2) to compile under that release too."""
 import json
+import math
 import os
 import re
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 
 import submission
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
+
+import eval as eval_module
 
 EXTRA_DSL = os.environ.get("NVFP4_EXTRA_CUTLASS_DSL")
 DSL_INSTALLS = ["installed"] + (["extra"] if EXTRA_DSL else [])
@@ -61,7 +64,8 @@ def report(request, tmp_path_factory):
 
 def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
-    assert set(kernels) == set(submission.TILE_CONFIGS)
+    # every kernel the cost model may pick: each tile configuration, round-robin and contiguous
+    assert set(kernels) == {eval_module.kernel_name(c) for c in submission.model_candidates()}
     for k in kernels.values():
         assert k["ok"], k
         assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 and k["stack_bytes"] == 0
@@ -90,8 +94,8 @@ def test_every_task_shape_and_a_contract_spread_is_served(report):
         for m, n, k, l in p["problem_sizes"]:
             assert n % 128 == 0 and n <= 8192 and k % 256 == 0 and k <= 8192 and l == 1
     compiled = {k["config"] for k in report["kernels"] if k["ok"]}
-    assert {p["config"] for p in plans} <= compiled
-    assert {p["config"] for p in plans} == set(submission.TILE_CONFIGS)  # both are used
+    assert {p["kernel"] for p in plans} <= compiled
+    assert {p["config"].split("/")[0] for p in plans} == set(submission.TILE_CONFIGS)  # both are used
 
 
 def ptx_of(report, config):
@@ -189,9 +193,10 @@ print(json.dumps({"compiles": len(calls), "plans": plans, "cached": len(submissi
 def test_model_picks_the_fastest_modeled_configuration():
     for case in TEST_CASES + BENCHMARK_CASES:
         sizes = [(m, n, k, 1) for m, n, k in zip(case.args["m"], case.args["n"], case.args["k"])]
-        times = {name: submission.model_time_us(sizes, c).time_us
-                 for name, c in submission.TILE_CONFIGS.items()}
+        times = {c.name: submission.model_time_us(sizes, c).time_us for c in submission.model_candidates()}
         assert submission.choose_config(sizes).name == min(times, key=times.get)
+    # every compiled configuration under every schedule
+    assert len(submission.model_candidates()) == len(submission.TILE_CONFIGS) * len(submission.SCHEDULES)
 
 
 def test_model_is_bounded_by_dram_and_grows_with_work():
@@ -218,7 +223,23 @@ def test_eval_model_prints_a_modeled_geometric_mean():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("MODEL FIGURES for a B200, not measurements")
     geomean = re.search(r"modeled geometric mean: ([\d.]+) us \(speed of light 5\.21 us", done.stdout)
-    assert geomean and float(geomean[1]) > 5.21
+    floor = re.search(r"the model's floor for any design: ([\d.]+) us", done.stdout)
+    assert geomean and floor and float(geomean[1]) >= float(floor[1]) > 5.21
+    # the residual table: every public point, published beside modeled
+    rows = re.findall(r"^  (CuTe DSL kernel|gau-nernst|log: .+?)\s+([0-3-])\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+                      done.stdout, re.M)
+    assert len(rows) == len(eval_module.public_points())
+    assert all(abs(float(modeled) / float(published) - float(ratio)) < 0.01 for *_, published, modeled, ratio in rows)
+
+
+def test_the_model_constants_are_the_fit_to_the_public_results():
+    """MODEL_CONSTANTS are what `eval.py model --fit` finds (to the 3 digits written), and the fit leaves no
+    public point off by more than 10 %."""
+    fitted, loss = eval_module.fit_model_constants()
+    for name, value in fitted._asdict().items():
+        assert float(f"{value:.3g}") == pytest.approx(getattr(submission.MODEL_CONSTANTS, name), rel=1e-9), name
+    assert all(0.9 < modeled / published < 1.1 for *_, published, modeled in eval_module.modeled_public_points())
+    assert loss == pytest.approx(sum(math.log(m / p) ** 2 for *_, p, m in eval_module.modeled_public_points(fitted)))
 
 
 @pytest.mark.parametrize("install", DSL_INSTALLS)
