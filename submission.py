@@ -62,6 +62,10 @@ from cutlass.cute.runtime import make_fake_stream, make_ptr
 from task import input_t, output_t
 
 # ==== Configuration ==================================================================================================
+# What the B200 path runs: "model", the cost model's choice of tile configuration and schedule per shape set
+# (`choose_config`), or one name of `model_candidates()` ("128x128/round-robin", "swap-128x256/contiguous", ...)
+# for every call. The setting to change first if a configuration fails on a B200 (README).
+CONFIG_POLICY = "model"
 AB_DTYPE = cutlass.Float4E2M1FN
 SF_DTYPE = cutlass.Float8E4M3FN
 C_DTYPE = cutlass.Float16
@@ -304,8 +308,19 @@ def model_candidates() -> list:
 
 
 def choose_config(problem_sizes) -> TileConfig:
-    """The configuration and schedule with the smallest modeled time (ties: the first of `model_candidates`)."""
+    """The configuration and schedule CONFIG_POLICY names, or under "model" the one with the smallest modeled time
+    (ties: the first of `model_candidates`)."""
+    if CONFIG_POLICY != "model":
+        return policy_config(CONFIG_POLICY)
     return _choose_config(tuple(tuple(s) for s in problem_sizes))
+
+
+def policy_config(name: str) -> TileConfig:
+    """The candidate called `name`; ValueError listing the names otherwise."""
+    named = {c.name: c for c in model_candidates()}
+    if name not in named:
+        raise ValueError(f"CONFIG_POLICY {name!r}: expected \"model\" or one of {', '.join(named)}")
+    return named[name]
 
 
 @functools.lru_cache(maxsize=256)

@@ -260,3 +260,14 @@ def test_the_contiguous_schedule_compiles_without_spills(install, name, arch):
     assert contiguous["ok"] and round_robin["ok"], contiguous.get("error")
     assert contiguous["spill_store_bytes"] == contiguous["spill_load_bytes"] == contiguous["stack_bytes"] == 0
     assert contiguous["ptx_features"]["integer_divisions"] > round_robin["ptx_features"]["integer_divisions"]
+
+
+def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
+    sizes = [(128, 4096, 1536, 1), (384, 4096, 1536, 1)]
+    assert submission.CONFIG_POLICY == "model"  # the artifact ships with the model's choice
+    for candidate in submission.model_candidates():
+        monkeypatch.setattr(submission, "CONFIG_POLICY", candidate.name)
+        assert submission.choose_config(sizes) == candidate
+    monkeypatch.setattr(submission, "CONFIG_POLICY", "256x256")
+    with pytest.raises(ValueError, match="expected \"model\" or one of 128x128/round-robin"):
+        submission.choose_config(sizes)

@@ -134,17 +134,72 @@ def test_b200_kernel_on_benchmark_shapes(case):
     run_and_check(generate_input(**case.args))
 
 
-@needs_b200
-@pytest.mark.parametrize("config", list(submission.TILE_CONFIGS))
-@pytest.mark.parametrize("case", TEST_CASES, ids=lambda c: c.spec)
-def test_b200_every_configuration_on_every_test_shape(case, config):
-    data = generate_input(**case.args)
+def run_config_and_check(data, config, launcher=None):
+    """`config` forced on `data` (every output element poisoned first), checked against the reference."""
     for _, _, c in data[0]:
         c.fill_(float("nan"))
-    output = submission.run_b200(data, submission.TILE_CONFIGS[config])
+    output = (launcher or submission.run_b200)(data, config)
     torch.cuda.synchronize()
     ok, message = check_implementation(data, output)
-    assert ok, message
+    assert ok, f"{config.name}: {message}"
+
+
+CANDIDATES = {c.name: c for c in submission.model_candidates()}  # every configuration under every schedule
+
+
+@needs_b200
+@pytest.mark.parametrize("config", list(CANDIDATES))
+@pytest.mark.parametrize("case", TEST_CASES + BENCHMARK_CASES, ids=lambda c: c.spec)
+def test_b200_every_configuration_on_every_test_and_benchmark_shape(case, config):
+    run_config_and_check(generate_input(**case.args), CANDIDATES[config])
+
+
+@needs_b200
+@pytest.mark.parametrize("schedule", list(submission.SCHEDULES))
+@pytest.mark.parametrize("m", [1, 40, 72, 129, 200, 257])
+def test_b200_swapped_configuration_on_awkward_token_counts(m, schedule):
+    """A' = weights, B' = tokens: M lands on the MMA's N side, partial token tiles and C^T's column-major stores."""
+    config = CANDIDATES[f"swap-128x256/{schedule}"]
+    run_config_and_check(generate_input((m, 3 * m % 500 + 1), (256, 512), (512, 256), 2, seed=m), config)
+
+
+class FewCtasLauncher(submission.GroupedGemmLauncher):
+    """The B200 launcher as if the GPU had `SMS` SMs: a grid of that many CTAs at most."""
+    SMS = 1
+
+    @classmethod
+    def num_sms(cls, device_index: int) -> int:
+        return cls.SMS
+
+
+@needs_b200
+@pytest.mark.parametrize("sms", [1, 2])
+@pytest.mark.parametrize("config", list(CANDIDATES))
+def test_b200_one_or_two_ctas_over_many_small_groups(config, sms, monkeypatch):
+    """Every tile a group change: each CTA fetches new descriptors for each of its tiles, all through its
+    pipelines without a pause (the race of cutlass issue 3165 would show here first)."""
+    monkeypatch.setattr(FewCtasLauncher, "SMS", sms)
+    g = 24
+    data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=sms)
+    run_config_and_check(data, CANDIDATES[config], FewCtasLauncher())
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="needs a Hopper GPU (sm_90) for hopper.py's kernel")
+@pytest.mark.parametrize("schedule", list(submission.SCHEDULES))
+def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
+    """The scheduler both kernels share, under each schedule, on the Hopper kernel: every test shape, one
+    benchmark, and 1-2 CTAs over many small groups."""
+    hopper = importlib.import_module("hopper")
+    config = hopper.config_from_setting(f"/{schedule}")
+    launcher = submission.GroupedGemmLauncher(config=config)
+    for case in TEST_CASES + BENCHMARK_CASES[3:]:
+        run_config_and_check(generate_input(**case.args), config, launcher)
+    g = 24
+    data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=5)
+    for sms in (1, 2):
+        monkeypatch.setattr(FewCtasLauncher, "SMS", sms)
+        run_config_and_check(data, config, FewCtasLauncher(config=config))
 
 
 # ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
