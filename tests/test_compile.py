@@ -271,3 +271,15 @@ def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
     monkeypatch.setattr(submission, "CONFIG_POLICY", "256x256")
     with pytest.raises(ValueError, match="expected \"model\" or one of 128x128/round-robin"):
         submission.choose_config(sizes)
+
+
+def test_two_cta_designs_are_modeled_but_the_kernel_refuses_them():
+    """The public 2-CTA designs exist for the model's calibration only (eval.py public_designs): the B200 kernel
+    has no 2-CTA form yet, and the model never offers one to custom_kernel."""
+    pairs = {c for design in eval_module.public_designs().values() for c, _, _ in design if c.cta_group == 2}
+    assert pairs and all(c.cta_group == 1 for c in submission.model_candidates())
+    for config in pairs:
+        with pytest.raises(ValueError, match="no 2-CTA form yet"):
+            config.make_kernel()
+        assert submission.stage_bytes(config) < submission.stage_bytes(
+            submission.TileConfig("one", config.tile_m, config.tile_n))  # each CTA holds half the rows
