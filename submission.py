@@ -340,12 +340,12 @@ def _compute_stages_for_model(config: TileConfig) -> int:
 
 
 def stage_bytes(config: TileConfig) -> int:
-    """Bytes of one CTA's A/B/SFA/SFB stage (a pair of `cta_group` 2 splits A' and B' rows between its two CTAs);
-    scale factors come in whole 128-row blocks."""
+    """Bytes of one CTA's A/B/SFA/SFB stage: a pair of `cta_group` 2 splits A', B' and SFA' rows between its two
+    CTAs, while each holds all of the tile's SFB' (its MMA reads them from its own TMEM); scale factors come in
+    whole 128-row blocks."""
     m, n, k = config.tile_mnk
-    m, n = m // config.cta_group, n // config.cta_group
-    sf = (ceil_div(m, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
-    return (m + n) * k // 2 + sf
+    sf = (ceil_div(m // config.cta_group, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
+    return (m + n) // config.cta_group * k // 2 + sf
 
 
 # ==== Tile scheduler =================================================================================================
