@@ -11,8 +11,9 @@ the leaderboard's dtypes, shapes and strides, one CUDA device, 16-byte alignment
 the kernel below; other GPUs get the paths other modules register (`register_path`: hopper.py, portable.py).
 
 The B200 kernel (`Sm100GroupedGemmKernel`) computes per group D' = A' B'^T, A' (M' x K) and B' (N' x K) K-major
-FP4 with blocked scale factors, D' fp16. A configuration (`TileConfig`, chosen per shape set by a cost model:
-`choose_config`) fixes the CTA tile (tile_m x tile_n, K = 256 per stage) and whether A and B are swapped:
+FP4 with blocked scale factors, D' fp16. A configuration (`TileConfig`, chosen per shape set by a cost model
+fitted to public B200 results, `choose_config`, unless CONFIG_POLICY names one) fixes the CTA tile (tile_m x
+tile_n, K = 256 per stage), how the CTAs share the tiles (`Schedule`) and whether A and B are swapped:
 - not swapped: A' = a, B' = b, D' = C (row-major), M' = M, N' = N;
 - swapped: A' = b, B' = a, D' = C^T (column-major view of C), M' = N, N' = M: the weights' N is the MMA's M
   side and the tokens' M its N side, so a tile spans up to tile_n tokens and each weight row is read once.
