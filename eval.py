@@ -188,8 +188,8 @@ class SampleTrace:
     """With SAMPLE_TRACE_ENV naming a file: one JSON line per timed sample of `run_single_benchmark` (the
     benchmark's sizes, sample index, GPU us per call, host ms of the timed window (start event, 15 calls,
     end event), Python garbage-collector pauses inside it as [generation, ms], and the CUDA caching
-    allocator's counters that moved during it: cudaMalloc / cudaFree calls, out-of-memory retries), to find what makes one sample stall.
-    Otherwise nothing."""
+    allocator's counters that moved during it: cudaMalloc / cudaFree calls, out-of-memory retries), to find
+    what makes one sample stall. Otherwise nothing."""
 
     def __init__(self, path, args):
         self.path, self.sizes, self.pauses, self.host_ms = path, [args.get(k) for k in ("m", "n", "k")], [], 0.0
@@ -908,8 +908,9 @@ def command_model(options) -> int:
     chosen_times, terms = [], []
     for i, case in enumerate(cases):
         sizes = problem_sizes_of(case.args)
+        modeled = lambda c: submission.model_time_us(sizes, c, constants=constants).time_us
         config = submission.choose_config(sizes) if constants is submission.MODEL_CONSTANTS else min(
-            submission.model_candidates(), key=lambda c: submission.model_time_us(sizes, c, constants=constants).time_us)
+            submission.model_candidates(), key=modeled)
         chosen = submission.model_time_us(sizes, config, constants=constants)
         best_of = {n: min(submission.model_time_us(sizes, c, constants=constants).time_us
                           for c in submission.model_candidates() if c.name.split("/")[0] == n) for n in names}

@@ -113,7 +113,8 @@ class Sm90TileConfig(TileConfig):
 
 DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "early-release", "prepass-pdl",
                "weights-after-wait")
-EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl", "weights-after-wait")  # exact results: selectable by CONFIG_ENV
+# exact results: selectable by CONFIG_ENV
+EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl", "weights-after-wait")
 # Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
 # within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
 # weights on benchmarks 0 and 2).
