@@ -648,10 +648,12 @@ def kernel_configs(arch: str) -> list:
     if is_hopper_arch(arch):
         import hopper
         return list(hopper.SM90_CONFIGS.values())
-    # every kernel the cost model may pick: each tile configuration, round-robin and contiguous
-    return list(submission.TILE_CONFIGS.values()) + [
-        dataclasses.replace(c, name=f"{c.name}/contiguous", schedule=submission.Schedule(contiguous=True))
-        for c in submission.TILE_CONFIGS.values()]
+    # every kernel the cost model may pick (`model_candidates`, one per compiled form: `kernel_name`)
+    kernels = {}
+    for c in submission.model_candidates():
+        name = kernel_name(c)
+        kernels.setdefault(name, dataclasses.replace(c, name=name, schedule=c.compile_key.schedule))
+    return list(kernels.values())
 
 
 def config_named(name: str, arch: str):
@@ -735,11 +737,12 @@ def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = No
     import submission
     plans = []
     for name, sizes in shape_sets:
-        config = fixed_config or submission.choose_config(sizes)
-        tiles = submission.tile_count(sizes, config)
-        ctas = submission.persistent_ctas(tiles, num_sms or submission.SM100_SM_COUNT, config.schedule.balanced_ctas)
-        plans.append({"case": name, "groups": len(sizes), "config": config.name, "kernel": kernel_name(config),
-                      "tiles": tiles, "ctas": ctas, "problem_sizes": [list(s) for s in sizes]})
+        # the launcher's own plan (device index -1: no device is asked anything)
+        shape = submission.shape_plan(tuple(map(tuple, sizes)), -1, num_sms or submission.SM100_SM_COUNT,
+                                      fixed_config)
+        plans.append({"case": name, "groups": len(sizes), "config": shape.config.name,
+                      "kernel": kernel_name(shape.config), "tiles": shape.tiles, "ctas": shape.ctas,
+                      "problem_sizes": [list(s) for s in sizes]})
     return plans
 
 
