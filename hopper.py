@@ -39,9 +39,10 @@ Two kernels per call (the form "weights in registers"):
   and the pre-pass's tokens) use the same order, which leaves every dot
   product unchanged.
 
-Persistent: min(tiles, SMs) CTAs walk the tiles of all groups with the B200
+Persistent: at most one CTA per SM walks the tiles of all groups with the B200
 kernel's scheduler (`submission.TileScheduler`), on the same run-time tables
-and host path (`submission.GroupedGemmLauncher`).
+and host path (`submission.GroupedGemmLauncher`), under the schedule measured
+fastest per shape set (`sm90_schedule`).
 
 Warps and pipelines (`WarpRoles`, checked at import):
   warps 0-7   MMA warpgroups 0 and 1: convert B rows 64w .. 64w + 63, wgmma,
@@ -763,10 +764,29 @@ PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (submission.c
 CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS; unset: SM90_CONFIG
 
 
+def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CONFIG) -> submission.Schedule:
+    """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs,
+    contiguous tile ranges over balanced CTAs, groups by descending M (3 and 7 % faster than round-robin on
+    benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule: round-robin."""
+    if submission.tile_count(problem_sizes, config) > num_sms:
+        return submission.Schedule(contiguous=True, balanced_ctas=True, groups_by_m=True)
+    return submission.Schedule()
+
+
+def with_schedule(config: Sm90TileConfig, schedule: submission.Schedule) -> Sm90TileConfig:
+    return dataclasses.replace(config, name=f"{config.name}/{schedule.name}", schedule=schedule)
+
+
+def scheduled_by_shape(config: Sm90TileConfig):
+    """The launcher's `choose` for `config` under `sm90_schedule`, per shape set."""
+    return lambda problem_sizes, num_sms: with_schedule(config, sm90_schedule(problem_sizes, num_sms, config))
+
+
 def config_from_setting(setting) -> Sm90TileConfig:
-    """custom_kernel's configuration for a CONFIG_ENV setting (unset or empty: the default): a configuration
-    name, optionally followed by "/" and a schedule (`submission.Schedule.from_name`, e.g. "contiguous+balanced"),
-    or "/SCHEDULE" alone for the default configuration under that schedule."""
+    """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration name,
+    optionally followed by "/" and a schedule (`submission.Schedule.from_name`, e.g. "contiguous+balanced"),
+    or "/SCHEDULE" alone for the default configuration under that schedule. Without a schedule custom_kernel
+    runs it under `sm90_schedule` (`launcher_for_setting`)."""
     if setting in (None, ""):
         return SM90_CONFIG
     name, _, schedule = setting.partition("/")
@@ -776,9 +796,17 @@ def config_from_setting(setting) -> Sm90TileConfig:
                          "/SCHEDULE")
     config = settings.get(name, SM90_CONFIG)
     if schedule:
-        schedule = submission.Schedule.from_name(schedule)
-        config = dataclasses.replace(config, name=f"{config.name}/{schedule.name}", schedule=schedule)
+        config = with_schedule(config, submission.Schedule.from_name(schedule))
     return config
+
+
+def launcher_for_setting(setting) -> submission.GroupedGemmLauncher:
+    """The shared host path for a CONFIG_ENV setting: its configuration and schedule if it names one, else its
+    configuration under `sm90_schedule` per shape set."""
+    config = config_from_setting(setting)
+    if "/" in (setting or ""):
+        return submission.GroupedGemmLauncher(config=config)
+    return submission.GroupedGemmLauncher(choose=scheduled_by_shape(config))
 
 
 _launcher = None
@@ -789,7 +817,7 @@ def run_sm90(data):
     (compiled by `submission.compile_grouped_gemm` through `Sm90TileConfig.make_kernel`)."""
     global _launcher
     if _launcher is None:  # the configuration setting is read once, at the first call
-        _launcher = submission.GroupedGemmLauncher(config=config_from_setting(os.environ.get(CONFIG_ENV)))
+        _launcher = launcher_for_setting(os.environ.get(CONFIG_ENV))
     return _launcher(data)
 
 

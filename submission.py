@@ -308,12 +308,12 @@ def model_candidates() -> list:
             for c in TILE_CONFIGS.values() for s in SCHEDULES.values()]
 
 
-def choose_config(problem_sizes) -> TileConfig:
+def choose_config(problem_sizes, num_sms: int = SM100_SM_COUNT) -> TileConfig:
     """The configuration and schedule CONFIG_POLICY names, or under "model" the one with the smallest modeled time
-    (ties: the first of `model_candidates`)."""
+    on `num_sms` SMs (ties: the first of `model_candidates`)."""
     if CONFIG_POLICY != "model":
         return policy_config(CONFIG_POLICY)
-    return _choose_config(tuple(tuple(s) for s in problem_sizes))
+    return _choose_config(tuple(tuple(s) for s in problem_sizes), num_sms)
 
 
 def policy_config(name: str) -> TileConfig:
@@ -325,9 +325,9 @@ def policy_config(name: str) -> TileConfig:
 
 
 @functools.lru_cache(maxsize=256)
-def _choose_config(problem_sizes: tuple) -> TileConfig:
+def _choose_config(problem_sizes: tuple, num_sms: int) -> TileConfig:
     # The model walks every tile: remember its answer per shape set.
-    return min(model_candidates(), key=lambda c: model_time_us(problem_sizes, c).time_us)
+    return min(model_candidates(), key=lambda c: model_time_us(problem_sizes, c, num_sms).time_us)
 
 
 NUM_C_STAGES = 2
@@ -1098,12 +1098,13 @@ class ShapePlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Optional[TileConfig] = None) -> ShapePlan:
+def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Optional[TileConfig] = None,
+               choose: Callable[[tuple, int], TileConfig] = choose_config) -> ShapePlan:
     """Raises ValueError, naming the group, for sizes the kernel cannot take. `config` fixed, else
-    the cost model's `choose_config`, called once the sizes are known to be valid."""
+    `choose(problem_sizes, num_sms)` (the cost model's `choose_config`), called once the sizes are known to be valid."""
     for g, size in enumerate(problem_sizes):
         check_problem_size(g, size)
-    config = config or choose_config(problem_sizes)
+    config = config or choose(problem_sizes, num_sms)
     tiles = tile_count(problem_sizes, config)
     ctas = persistent_ctas(tiles, num_sms, config.schedule.balanced_ctas)
     order = group_order(problem_sizes, config.schedule)
@@ -1382,9 +1383,11 @@ class GroupedGemmLauncher:
 
     plan_class = LaunchPlan
 
-    def __init__(self, compile_fn=None, config: Optional[TileConfig] = None, max_plans: int = 64):
+    def __init__(self, compile_fn=None, config: Optional[TileConfig] = None, max_plans: int = 64,
+                 choose: Callable[[tuple, int], TileConfig] = choose_config):
         self.compile_fn = compile_fn or compile_grouped_gemm
-        self.config = config  # a fixed configuration; None: the cost model's choice per shape set
+        self.config = config  # a fixed configuration; None: choose(problem_sizes, num_sms) per shape set
+        self.choose = choose  # default: the cost model's choice
         self.max_plans = max_plans  # beyond it, the oldest plan goes
         self.plans: "OrderedDict[tuple, LaunchPlan]" = OrderedDict()
         self.hosts: Dict[tuple, HostFunction] = {}
@@ -1418,7 +1421,8 @@ class GroupedGemmLauncher:
         """A new input's ShapePlan, table words and device index; ValueError naming group and problem."""
         def gather(check: bool) -> Tuple[ShapePlan, Optional[list], int]:
             device_index = data[0][0][0].get_device()
-            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config)
+            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config,
+                               self.choose)
             return shape, gather_tables(data, shape, check), device_index
         try:
             check_group_lengths(data)

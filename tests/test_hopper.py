@@ -236,6 +236,41 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
     assert shape.tiles == 2 + 3 and shape.ctas == 5
 
 
+def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_setting_names_one():
+    """More tiles than SMs: contiguous ranges, balanced CTAs, groups by M (plan tables in that order); one
+    wave: round-robin; a setting with "/SCHEDULE" fixes the schedule for every shape set."""
+    from reference import generate_input
+    sms = 132
+    multi_wave = ((80, 4096, 7168, 1), (176, 4096, 7168, 1), (248, 4096, 7168, 1), (64, 4096, 7168, 1),
+                  (128, 4096, 7168, 1))  # 6 x 32 = 192 tiles
+    one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))  # 128 tiles
+    assert submission.tile_count(multi_wave, hopper.SM90_CONFIG) > sms >= submission.tile_count(
+        one_wave, hopper.SM90_CONFIG)
+    for setting in (None, "", hopper.SM90_CONFIG.name, "sm90-192x128-k64-wr"):
+        launcher = hopper.launcher_for_setting(setting)
+        base = hopper.config_from_setting(setting)
+        assert launcher.config is None
+        plan = submission.shape_plan(multi_wave, -1, sms, launcher.config, launcher.choose)
+        assert plan.config.schedule == submission.Schedule(True, True, True)
+        assert plan.config.name == f"{base.name}/contiguous+balanced+by-m"
+        assert dataclasses.replace(plan.config, name=base.name, schedule=base.schedule) == base
+        assert plan.order == (2, 1, 4, 0, 3)  # descending M
+        assert plan.ctas == submission.persistent_ctas(plan.tiles, sms, balanced=True) < sms
+        plan = submission.shape_plan(one_wave, -1, sms, launcher.config, launcher.choose)
+        assert plan.config.schedule == submission.Schedule() and plan.order == (0, 1) and plan.ctas == plan.tiles
+    fixed = hopper.launcher_for_setting("/contiguous")
+    assert fixed.config.schedule == submission.Schedule(contiguous=True)
+    assert submission.shape_plan(one_wave, -1, sms, fixed.config, fixed.choose).config is fixed.config
+    # the launcher passes the device's SM count to its chooser
+    data = generate_input((300, 40), (256, 128), (512, 256), 2, seed=3, device="cpu")
+    seen = []
+    launcher = submission.GroupedGemmLauncher(
+        choose=lambda sizes, num_sms: seen.append((sizes, num_sms)) or hopper.SM90_CONFIG)
+    launcher.num_sms = lambda index: 7
+    shape, _, _ = launcher.check_and_gather(data, None)
+    assert seen == [(tuple(map(tuple, data[3])), 7)] and shape.config is hopper.SM90_CONFIG
+
+
 def _kernel_ptx(configs, dump_dir) -> dict:
     """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
     process (the DSL takes its target at first use), files kept in `dump_dir`."""
