@@ -496,7 +496,7 @@ def ptx_text(compiled) -> str:
 
 # What the B200 kernel's PTX must contain (name: pattern). Counts go into the report.
 PTX_FEATURES = {
-    "block_scaled_fp4_mma": r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.(?:block16|scale_vec::4X)",
+    "block_scaled_fp4_mma": r"tcgen05\.mma\.cta_group::[12]\.kind::mxf4nvf4\.block_scale\.(?:block16|scale_vec::4X)",
     "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\.tile\.mbarrier",
     "tma_store": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta",
     "tensormap_replace": r"tensormap\.replace",
@@ -505,9 +505,20 @@ PTX_FEATURES = {
     "tensormap_prefetch": r"prefetch\.(?:global\.)?tensormap",
     "pdl_wait": r"griddepcontrol\.wait",
     "pdl_launch_dependents": r"griddepcontrol\.launch_dependents",
-    "scale_factor_copy": r"tcgen05\.cp\.cta_group::1",
+    "scale_factor_copy": r"tcgen05\.cp\.cta_group::[12]",
     "tmem_load": r"tcgen05\.ld\.sync",
-    "tmem_alloc": r"tcgen05\.alloc\.cta_group::1",
+    "tmem_alloc": r"tcgen05\.alloc\.cta_group::[12]",
+    # 2-CTA configurations: the MMA over a pair, 2-SM TMA loads (completing on the leader's barrier, the peer
+    # bit of its shared::cluster address cleared: and.b32 with 0xFEFFFFF8), multicast loads, the cluster barrier
+    "pair_mma": r"tcgen05\.mma\.cta_group::2\.",
+    "pair_tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+                     r"(?:\.multicast::cluster)?(?:\.L2::cache_hint)?\.cta_group::2",
+    "multicast_tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+                          r"\.multicast::cluster",
+    "leader_barrier_address": r"and\.b32\s+%r\d+, %r\d+, -16777224;",
+    "cluster_barrier": r"barrier\.cluster\.wait",
+    "pair_commit": r"tcgen05\.commit\.cta_group::2\.mbarrier::arrive::one\.shared::cluster\.multicast::cluster",
+    "remote_arrive": r"mapa\.shared::cluster",
     "mbarrier_init": r"mbarrier\.init\.shared",
     # the Hopper kernel (hopper.py)
     "wgmma": r"wgmma\.mma_async",
@@ -589,7 +600,8 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         if not ptx:
             raise RuntimeError(f"no PTX: {stopped_at or 'the DSL kept none'}")
         row.update(stages_ab=kernel.num_ab_stages, stages_acc=getattr(kernel, "num_acc_stages", None),
-                   stages_c=getattr(kernel, "num_c_stages", None), dynamic_smem_bytes=kernel.smem_bytes)
+                   stages_c=getattr(kernel, "num_c_stages", None), dynamic_smem_bytes=kernel.smem_bytes,
+                   cluster=list(getattr(kernel, "launch_cluster", (1, 1, 1))))  # the GEMM's launch
         row["ptx_features"] = ptx_features(ptx)
         if keep_dir:
             Path(keep_dir).mkdir(parents=True, exist_ok=True)
@@ -648,9 +660,10 @@ def kernel_configs(arch: str) -> list:
     if is_hopper_arch(arch):
         import hopper
         return list(hopper.SM90_CONFIGS.values())
-    # every kernel the cost model may pick (`model_candidates`, one per compiled form: `kernel_name`)
+    # every kernel CONFIG_POLICY may name (`policy_candidates`: the cost model's and the 2-CTA ones, one per
+    # compiled form: `kernel_name`)
     kernels = {}
-    for c in submission.model_candidates():
+    for c in submission.policy_candidates():
         name = kernel_name(c)
         kernels.setdefault(name, dataclasses.replace(c, name=name, schedule=c.compile_key.schedule))
     return list(kernels.values())
@@ -803,9 +816,9 @@ def public_designs() -> dict:
     import submission
     from submission import Schedule, TileConfig
     square = TileConfig("128x128", 128, 128)
-    pair = TileConfig("2cta-256x256", 256, 256, cta_group=2)
-    swapped_pair = TileConfig("2cta-swap-256x128", 256, 128, swap_ab=True, cta_group=2,
-                              schedule=Schedule(groups_by_m=True))
+    pair = submission.PAIR_CONFIGS["2cta-256x256"]
+    swapped_pair = dataclasses.replace(submission.PAIR_CONFIGS["2cta-swap-256x128"],
+                                       schedule=Schedule(groups_by_m=True))
 
     def log_step(step: int):
         contiguous = Schedule(contiguous=step >= 1)

@@ -64,8 +64,10 @@ def report(request, tmp_path_factory):
 
 def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
-    # every kernel the cost model may pick: each tile configuration, round-robin and contiguous
-    assert set(kernels) == {eval_module.kernel_name(c) for c in submission.model_candidates()}
+    # every kernel CONFIG_POLICY may name: each tile configuration (the model's and the 2-CTA ones),
+    # round-robin and contiguous
+    assert set(kernels) == {eval_module.kernel_name(c) for c in submission.policy_candidates()}
+    assert {name.split("/")[0] for name in kernels} == set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
     for k in kernels.values():
         assert k["ok"], k
         assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 and k["stack_bytes"] == 0
@@ -139,18 +141,20 @@ def test_ptx_has_the_designed_instructions(report, config):
 
 
 def test_accumulator_is_double_buffered_where_it_fits(report):
-    for name, config in submission.TILE_CONFIGS.items():
+    for name, config in {**submission.TILE_CONFIGS, **submission.PAIR_CONFIGS}.items():
         kernel, ptx = ptx_of(report, name)
         expected_acc = submission.acc_stages(config)
         assert kernel["stages_acc"] == expected_acc
-        # one full and one empty barrier per A/B stage and per accumulator buffer
+        # one full and one empty barrier per A/B stage and per accumulator buffer (a pair: and the one on
+        # which the peer says it is done with TMEM)
         inits = len(re.findall(r"mbarrier\.init\.shared", ptx))
-        assert inits == 2 * (kernel["stages_ab"] + kernel["stages_acc"]), (name, inits)
+        pair_barriers = 1 if config.cta_group == 2 else 0
+        assert inits == 2 * (kernel["stages_ab"] + kernel["stages_acc"]) + pair_barriers, (name, inits)
     assert submission.acc_stages(submission.TILE_CONFIGS["128x128"]) == 2
 
 
 def test_the_cost_model_counts_the_stages_the_kernel_has(report):
-    for name, config in submission.TILE_CONFIGS.items():
+    for name, config in {**submission.TILE_CONFIGS, **submission.PAIR_CONFIGS}.items():
         kernel = next(k for k in report["kernels"] if k["config"] == name)
         assert submission._compute_stages_for_model(config) == kernel["stages_ab"]
         assert kernel["stages_ab"] >= 3
@@ -265,7 +269,9 @@ def test_the_contiguous_schedule_compiles_without_spills(install, name, arch):
 def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
     sizes = [(128, 4096, 1536, 1), (384, 4096, 1536, 1)]
     assert submission.CONFIG_POLICY == "model"  # the artifact ships with the model's choice
-    for candidate in submission.model_candidates():
+    assert len(submission.policy_candidates()) == len(submission.SCHEDULES) * (
+        len(submission.TILE_CONFIGS) + len(submission.PAIR_CONFIGS))
+    for candidate in submission.policy_candidates():
         monkeypatch.setattr(submission, "CONFIG_POLICY", candidate.name)
         assert submission.choose_config(sizes) == candidate
     monkeypatch.setattr(submission, "CONFIG_POLICY", "256x256")
@@ -273,13 +279,51 @@ def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
         submission.choose_config(sizes)
 
 
-def test_two_cta_designs_are_modeled_but_the_kernel_refuses_them():
-    """The public 2-CTA designs exist for the model's calibration only (eval.py public_designs): the B200 kernel
-    has no 2-CTA form yet, and the model never offers one to custom_kernel."""
-    pairs = {c for design in eval_module.public_designs().values() for c, _, _ in design if c.cta_group == 2}
-    assert pairs and all(c.cta_group == 1 for c in submission.model_candidates())
-    for config in pairs:
-        with pytest.raises(ValueError, match="no 2-CTA form yet"):
-            config.make_kernel()
+def test_two_cta_configurations_compile_but_the_model_never_offers_them():
+    """The 2-CTA configurations are the public designs' (eval.py public_designs uses them for the model's
+    calibration); until one has run on a B200 the model never picks one, and CONFIG_POLICY may name them. The
+    kernel takes 128 rows of M' per CTA of an MMA."""
+    pairs = {c.name.split("/")[0] for design in eval_module.public_designs().values() for c, _, _ in design
+             if c.cta_group == 2}
+    assert pairs and pairs <= set(submission.PAIR_CONFIGS)
+    assert all(c.cta_group == 1 for c in submission.model_candidates())
+    for config in submission.PAIR_CONFIGS.values():
+        assert config.cta_group == 2 and config.tile_m == 256
         assert submission.stage_bytes(config) < submission.stage_bytes(
             submission.TileConfig("one", config.tile_m, config.tile_n))  # each CTA holds half the rows
+        kernel = config.make_kernel()
+        assert kernel.cta_tile_mnk == (128, config.tile_n, config.tile_mnk[2])
+        assert submission.pipeline_arrive_counts(config) == (1, 2 * len(submission.EPILOGUE_WARPS))
+    for bad in (submission.TileConfig("x", 256, 128), submission.TileConfig("y", 128, 128, cta_group=2),
+                submission.TileConfig("z", 384, 128, cta_group=3)):
+        with pytest.raises(ValueError, match="128 rows of M' per CTA"):
+            bad.make_kernel()
+    # the grid of a pair configuration counts pairs: at most half the SMs
+    config = submission.PAIR_CONFIGS["2cta-256x256"]
+    plan = submission.shape_plan(((512, 4096, 7168, 1),) * 8, -1, 148, config)
+    assert plan.tiles == 8 * 2 * 16 and plan.ctas == 74
+
+
+@pytest.mark.parametrize("config", list(submission.PAIR_CONFIGS))
+def test_two_cta_ptx_has_the_pair_instructions(report, config):
+    """cta_group::2 MMAs issued by the leader, every operand load a 2-SM TMA load completing on the leader's
+    barrier (peer bit cleared), SFB' multicast within the pair, the (2,1,1) cluster launch, the TMEM
+    hand-shake between the pair's CTAs."""
+    kernel, ptx = ptx_of(report, config)
+    features = kernel["ptx_features"]
+    assert kernel["cluster"] == [2, 1, 1]
+    assert features["pair_mma"] == features["block_scaled_fp4_mma"] == submission.MMA_K_BLOCKS_PER_STAGE
+    assert "tcgen05.mma.cta_group::1" not in ptx
+    # A', B', SFA', SFB': all 2-SM loads, one operand in four multicast (releases unroll them differently)
+    assert features["pair_tma_load"] == features["tma_load"] >= 4
+    assert 4 * features["multicast_tma_load"] == features["pair_tma_load"]
+    assert features["leader_barrier_address"] >= 1
+    # the leader's commits reach both CTAs (stage release, accumulator full)
+    assert features["pair_commit"] == 2
+    assert "tcgen05.cp.cta_group::2" in ptx and "tcgen05.cp.cta_group::1" not in ptx
+    assert re.search(r"tcgen05\.alloc\.cta_group::2", ptx) and re.search(r"tcgen05\.dealloc\.cta_group::2", ptx)
+    assert features["remote_arrive"] >= 2 and features["cluster_barrier"] >= 1  # peer barriers, cluster sync
+    assert "%cluster_ctarank" in ptx
+    # descriptors and programmatic launch as in the 1-CTA kernel
+    assert features["tensormap_replace"] == 0 and features["acquires_before_waits"] == [4, 1]
+    assert features["pdl_wait"] == 2 and features["pdl_launch_dependents"] == 1

@@ -134,7 +134,8 @@ def test_cli_on_a_cpu_says_so_compiles_and_self_checks():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert out.splitlines()[0].startswith("No CUDA GPU here: the B200 kernel cannot run.")
-    assert f"{2 * len(submission.TILE_CONFIGS)} kernels, 1 shape sets, 0 failures" in out  # round-robin, contiguous
+    kernels = 2 * (len(submission.TILE_CONFIGS) + len(submission.PAIR_CONFIGS))  # round-robin, contiguous
+    assert f"{kernels} kernels, 1 shape sets, 0 failures" in out
     assert "(1/1 agree)" in out and "Benchmarks skipped: timing needs a CUDA GPU." in out
 
 

@@ -144,7 +144,8 @@ def run_config_and_check(data, config, launcher=None):
     assert ok, f"{config.name}: {message}"
 
 
-CANDIDATES = {c.name: c for c in submission.model_candidates()}  # every configuration under every schedule
+# every configuration (the model's and the 2-CTA ones) under every schedule
+CANDIDATES = {c.name: c for c in submission.policy_candidates()}
 
 
 @needs_b200
@@ -157,9 +158,10 @@ def test_b200_every_configuration_on_every_test_and_benchmark_shape(case, config
 @needs_b200
 @pytest.mark.parametrize("schedule", list(submission.SCHEDULES))
 @pytest.mark.parametrize("m", [1, 40, 72, 129, 200, 257])
-def test_b200_swapped_configuration_on_awkward_token_counts(m, schedule):
+@pytest.mark.parametrize("swapped", ["swap-128x256", "2cta-swap-256x128"])
+def test_b200_swapped_configuration_on_awkward_token_counts(swapped, m, schedule):
     """A' = weights, B' = tokens: M lands on the MMA's N side, partial token tiles and C^T's column-major stores."""
-    config = CANDIDATES[f"swap-128x256/{schedule}"]
+    config = CANDIDATES[f"{swapped}/{schedule}"]
     run_config_and_check(generate_input((m, 3 * m % 500 + 1), (256, 512), (512, 256), 2, seed=m), config)
 
 
@@ -177,8 +179,9 @@ class FewCtasLauncher(submission.GroupedGemmLauncher):
 @pytest.mark.parametrize("config", list(CANDIDATES))
 def test_b200_one_or_two_ctas_over_many_small_groups(config, sms, monkeypatch):
     """Every tile a group change: each CTA fetches new descriptors for each of its tiles, all through its
-    pipelines without a pause (the race of cutlass issue 3165 would show here first)."""
-    monkeypatch.setattr(FewCtasLauncher, "SMS", sms)
+    pipelines without a pause (the race of cutlass issue 3165 would show here first). A 2-CTA configuration:
+    1 or 2 pairs."""
+    monkeypatch.setattr(FewCtasLauncher, "SMS", sms * CANDIDATES[config].cta_group)
     g = 24
     data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=sms)
     run_config_and_check(data, CANDIDATES[config], FewCtasLauncher())
