@@ -655,11 +655,15 @@ def is_hopper_arch(arch: str) -> bool:
 
 def kernel_configs(arch: str) -> list:
     """The configurations compiled for `arch`: every B200 tile configuration,
-    or every configuration of the Hopper kernel."""
+    or every configuration of the Hopper kernel, each round-robin and with
+    contiguous tile ranges (compiled in; the rest of a schedule is host side)."""
     import submission
     if is_hopper_arch(arch):
         import hopper
-        return list(hopper.SM90_CONFIGS.values())
+        contiguous = submission.Schedule(contiguous=True)
+        return [form for c in hopper.SM90_CONFIGS.values()
+                for form in (c, dataclasses.replace(c, name=kernel_name(hopper.with_schedule(c, contiguous)),
+                                                    schedule=contiguous))]
     # every kernel CONFIG_POLICY may name (`policy_candidates`: the cost model's and the 2-CTA ones, one per
     # compiled form: `kernel_name`)
     kernels = {}
@@ -679,9 +683,10 @@ def config_named(name: str, arch: str):
     return config
 
 
-def hopper_config():
+def hopper_choice():
+    """custom_kernel's choice per shape set on sm_90 (hopper.launcher_for_setting without a setting)."""
     import hopper
-    return hopper.SM90_CONFIG
+    return hopper.launcher_for_setting(None).choose
 
 
 def compile_configs(arch: str, keep_dir: Optional[str]) -> list:
@@ -725,13 +730,14 @@ def contract_shape_sets(count: int = 24, seed: int = 2024) -> list:
 
 
 def print_compile_table(rows: list):
-    print(f"{'config':<14} {'compile s':>9} {'regs':>5} {'smem B':>7} {'stages ab/acc/c':>15} "
+    width = max([14] + [len(r["config"]) for r in rows])
+    print(f"{'config':<{width}} {'compile s':>9} {'regs':>5} {'smem B':>7} {'stages ab/acc/c':>15} "
           f"{'spill B':>7} {'stack B':>7}  status")
     for r in rows:
         spill = r.get("spill_store_bytes", 0) + r.get("spill_load_bytes", 0)
         stages = ("/".join("-" if r[k] is None else str(r[k]) for k in ("stages_ab", "stages_acc", "stages_c"))
                   if "stages_ab" in r else "-")
-        print(f"{r['config']:<14} {r.get('compile_s', float('nan')):>9.2f} {r.get('registers', '-'):>5} "
+        print(f"{r['config']:<{width}} {r.get('compile_s', float('nan')):>9.2f} {r.get('registers', '-'):>5} "
               f"{r.get('dynamic_smem_bytes', '-'):>7} {stages:>15} "
               f"{spill if 'registers' in r else '-':>7} {r.get('stack_bytes', '-'):>7}  "
               f"{'ok' if r['ok'] else 'FAIL: ' + r.get('error', '')}"
@@ -744,15 +750,15 @@ def kernel_name(config) -> str:
     return config.name.split("/")[0] + ("/contiguous" if config.schedule.contiguous else "")
 
 
-def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = None) -> list:
-    """For each shape set: the configuration (the B200 cost model's pick
-    unless one is fixed) and its launch plan."""
+def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = None, choose=None) -> list:
+    """For each shape set: the configuration (the B200 cost model's pick, or
+    `choose`'s, unless one is fixed) and its launch plan."""
     import submission
     plans = []
     for name, sizes in shape_sets:
         # the launcher's own plan (device index -1: no device is asked anything)
         shape = submission.shape_plan(tuple(map(tuple, sizes)), -1, num_sms or submission.SM100_SM_COUNT,
-                                      fixed_config)
+                                      fixed_config, choose or submission.choose_config)
         plans.append({"case": name, "groups": len(sizes), "config": shape.config.name,
                       "kernel": kernel_name(shape.config), "tiles": shape.tiles, "ctas": shape.ctas,
                       "problem_sizes": [list(s) for s in sizes]})
@@ -776,9 +782,10 @@ def command_compile(options) -> int:
         shape_sets = [("custom", problem_sizes_of(parse_test_line(options.shape)))]
     elif options.which == "all":
         shape_sets += contract_shape_sets()
-    plans = shape_plans(shape_sets, hopper_config() if hopper else None,
-                        H100_SM_COUNT if hopper else None)
-    picked = "the configuration custom_kernel runs (hopper.SM90_CONFIG)" if hopper else "the configuration the cost model picks"
+    plans = shape_plans(shape_sets, None, H100_SM_COUNT if hopper else None,
+                        hopper_choice() if hopper else None)
+    picked = ("the configuration and schedule custom_kernel runs (hopper.SM90_CONFIG, hopper.sm90_schedule)"
+              if hopper else "the configuration the cost model picks")
     print(f"\nShape sets ({len(plans)}): {picked}, tiles and CTAs; "
           "each is served by the kernel compiled above:")
     for p in plans:

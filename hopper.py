@@ -636,6 +636,9 @@ class Sm90GroupedGemmKernel:
         cute.arch.griddepcontrol_wait()  # C is written only once the previous kernel has finished
         while scheduler.has_work():
             work = scheduler.current()
+            # the epilogue's table entries, read now: their DRAM round trip (the tables leave the L2 between
+            # calls) overlaps the mainloop instead of following it
+            output = self.output_of(problem_sizes, abc_ptrs, work)
             acc.fill(0.0)
             # K is a multiple of 256, so stages come in pairs: register buffer 0, then 1
             for k_pair in cutlass.range(0, work.k_tiles // NUM_REGISTER_BUFFERS, 1, unroll=1):
@@ -659,18 +662,21 @@ class Sm90GroupedGemmKernel:
             warpgroup.wait_group(0)
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
-            self.epilogue(acc, tCcC, problem_sizes, abc_ptrs, work)
+            self.epilogue(acc, tCcC, output, work)
             scheduler.advance()
 
+    @staticmethod
+    def output_of(problem_sizes, abc_ptrs, work):
+        """(M, N, C's address) of `work`'s group."""
+        return problem_sizes[work.group, 0], problem_sizes[work.group, 1], abc_ptrs[work.group, 2]
+
     @cute.jit
-    def epilogue(self, acc, tCcC, problem_sizes, abc_ptrs, work):
-        """acc * 2^14 to fp16 into C; `tCcC` holds each value's (n, m) in the
-        tile C^T."""
-        m = problem_sizes[work.group, 0]
-        n = problem_sizes[work.group, 1]
+    def epilogue(self, acc, tCcC, output, work):
+        """acc * 2^14 to fp16 into C (`output`: M, N, address); `tCcC` holds
+        each value's (n, m) in the tile C^T."""
+        m, n, address = output
         c = cute.make_tensor(
-            cute.make_ptr(cutlass.Float16, abc_ptrs[work.group, 2], cute.AddressSpace.gmem,
-                          assumed_align=PTR_ALIGN_BYTES),
+            cute.make_ptr(cutlass.Float16, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
             cute.make_layout((m, n), stride=(n, 1)))
         for i in cutlass.range_constexpr(cute.size(acc)):
             col, row = tCcC[i]

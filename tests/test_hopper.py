@@ -42,9 +42,11 @@ def report(request, tmp_path_factory):
 
 
 def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
-    assert [k["config"] for k in report["kernels"]] == list(hopper.SM90_CONFIGS)
+    # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either)
+    assert [k["config"] for k in report["kernels"]] == [n for name in hopper.SM90_CONFIGS
+                                                        for n in (name, f"{name}/contiguous")]
     for kernel in report["kernels"]:
-        config = hopper.SM90_CONFIGS[kernel["config"]]
+        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
         assert kernel["ok"], kernel
         assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
         assert kernel["wgmma_serialized"] is False  # ptxas overlaps the wgmma with what follows
@@ -59,7 +61,10 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
                 for c in TEST_CASES + BENCHMARK_CASES]
     plans = report["shape_sets"]
     assert [p["problem_sizes"] for p in plans[:14]] == expected
-    assert all(p["config"] == hopper.SM90_CONFIG.name and p["tiles"] >= 1 for p in plans)
+    # custom_kernel's choice: the default form under the schedule of its shape set
+    assert all(p["config"].split("/")[0] == hopper.SM90_CONFIG.name and p["tiles"] >= 1 for p in plans)
+    assert {p["config"].split("/")[1] for p in plans} == {"round-robin", "contiguous+balanced+by-m"}
+    assert {p["kernel"] for p in plans} == {hopper.SM90_CONFIG.name, f"{hopper.SM90_CONFIG.name}/contiguous"}
 
 
 @pytest.mark.parametrize("name", list(hopper.SM90_CONFIGS))
