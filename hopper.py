@@ -41,8 +41,9 @@ Two kernels per call (the form "weights in registers"):
 
 Persistent: at most one CTA per SM walks the tiles of all groups with the B200
 kernel's scheduler (`submission.TileScheduler`), on the same run-time tables
-and host path (`submission.GroupedGemmLauncher`), under the schedule measured
-fastest per shape set (`sm90_schedule`).
+and host path (`submission.GroupedGemmLauncher`). Per shape set custom_kernel
+picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
+(`sm90_schedule`) measured fastest on the H200, unless CONFIG_ENV names them.
 
 Warps and pipelines (`WarpRoles`, checked at import):
   warps 0-7   MMA warpgroups 0 and 1: convert B rows 64w .. 64w + 63, wgmma,
@@ -124,7 +125,7 @@ SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-192x128-k64-wr", 192, WEIGHT_ROWS, tile_k=64),
     Sm90TileConfig("sm90-128x128-k128-wr-sw", 128, WEIGHT_ROWS, tile_k=128, swizzle_packed_b=True),
 )}
-SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]
+SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
 # Exact results: "no-pdl" launches both kernels without programmatic dependent launch,
 # "early-release" lets the GEMM launch as the pre-pass starts (not once its stores are issued),
@@ -788,6 +789,30 @@ def scheduled_by_shape(config: Sm90TileConfig):
     return lambda problem_sizes, num_sms: with_schedule(config, sm90_schedule(problem_sizes, num_sms, config))
 
 
+# The forms custom_kernel chooses among when CONFIG_ENV names none, with their measured cost of one tile per K
+# (ns; H200, docs/hopper.md "Per-shape form"): time ~ a fixed part + the busiest CTA's sum of K x cost. The
+# wider token tile costs 1.25x per tile and wins where it cuts the tiles per CTA by more (benchmark 1: 4 for 6).
+SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-192x128-k64-wr": 8.30}
+
+
+def busiest_cta_cost(problem_sizes, num_sms: int, config: Sm90TileConfig) -> float:
+    """Modeled ns of the busiest CTA of `config` under `sm90_schedule` (SM90_TILE_COST_NS per tile and K)."""
+    schedule = sm90_schedule(problem_sizes, num_sms, config)
+    tile_k = [problem_sizes[g][2] for g in submission.group_order(problem_sizes, schedule)
+              for _ in range(submission.tile_count([problem_sizes[g]], config))]
+    ctas = submission.persistent_ctas(len(tile_k), num_sms, schedule.balanced_ctas)
+    return SM90_TILE_COST_NS[config.name] * max(
+        sum(tile_k[t] for t in submission.cta_tiles(cta, ctas, len(tile_k), schedule)) for cta in range(ctas))
+
+
+def sm90_choice(problem_sizes, num_sms: int) -> Sm90TileConfig:
+    """custom_kernel's configuration per shape set when CONFIG_ENV names none: the form of SM90_TILE_COST_NS
+    whose busiest CTA costs least (ties: the default), under `sm90_schedule`."""
+    config = min((SM90_CONFIGS[name] for name in SM90_TILE_COST_NS),
+                 key=lambda c: busiest_cta_cost(problem_sizes, num_sms, c))
+    return with_schedule(config, sm90_schedule(problem_sizes, num_sms, config))
+
+
 def config_from_setting(setting) -> Sm90TileConfig:
     """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration name,
     optionally followed by "/" and a schedule (`submission.Schedule.from_name`, e.g. "contiguous+balanced"),
@@ -807,10 +832,12 @@ def config_from_setting(setting) -> Sm90TileConfig:
 
 
 def launcher_for_setting(setting) -> submission.GroupedGemmLauncher:
-    """The shared host path for a CONFIG_ENV setting: its configuration and schedule if it names one, else its
-    configuration under `sm90_schedule` per shape set."""
+    """The shared host path for a CONFIG_ENV setting: unset or empty, `sm90_choice` per shape set; a
+    configuration and schedule, those; a configuration alone, it under `sm90_schedule` per shape set."""
     config = config_from_setting(setting)
-    if "/" in (setting or ""):
+    if setting in (None, ""):
+        return submission.GroupedGemmLauncher(choose=sm90_choice)
+    if "/" in setting:
         return submission.GroupedGemmLauncher(config=config)
     return submission.GroupedGemmLauncher(choose=scheduled_by_shape(config))
 

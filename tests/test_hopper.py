@@ -61,10 +61,12 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
                 for c in TEST_CASES + BENCHMARK_CASES]
     plans = report["shape_sets"]
     assert [p["problem_sizes"] for p in plans[:14]] == expected
-    # custom_kernel's choice: the default form under the schedule of its shape set
-    assert all(p["config"].split("/")[0] == hopper.SM90_CONFIG.name and p["tiles"] >= 1 for p in plans)
+    # custom_kernel's choice (sm90_choice): benchmark 1 takes 192 tokens per tile, every shape set its schedule
+    assert all(p["config"] == hopper.sm90_choice(tuple(map(tuple, p["problem_sizes"])), 132).name
+               and p["tiles"] >= 1 for p in plans)
+    assert plans[11]["config"] == "sm90-192x128-k64-wr/contiguous+balanced+by-m"
     assert {p["config"].split("/")[1] for p in plans} == {"round-robin", "contiguous+balanced+by-m"}
-    assert {p["kernel"] for p in plans} == {hopper.SM90_CONFIG.name, f"{hopper.SM90_CONFIG.name}/contiguous"}
+    assert {p["kernel"] for p in plans} <= {k["config"] for k in report["kernels"]}
 
 
 @pytest.mark.parametrize("name", list(hopper.SM90_CONFIGS))
@@ -253,7 +255,7 @@ def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_s
         one_wave, hopper.SM90_CONFIG)
     for setting in (None, "", hopper.SM90_CONFIG.name, "sm90-192x128-k64-wr"):
         launcher = hopper.launcher_for_setting(setting)
-        base = hopper.config_from_setting(setting)
+        base = hopper.config_from_setting(setting)  # unset: sm90_choice keeps the default form on these
         assert launcher.config is None
         plan = submission.shape_plan(multi_wave, -1, sms, launcher.config, launcher.choose)
         assert plan.config.schedule == submission.Schedule(True, True, True)
@@ -274,6 +276,25 @@ def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_s
     launcher.num_sms = lambda index: 7
     shape, _, _ = launcher.check_and_gather(data, None)
     assert seen == [(tuple(map(tuple, data[3])), 7)] and shape.config is hopper.SM90_CONFIG
+
+
+def test_custom_kernel_takes_192_tokens_per_tile_where_that_cuts_the_busiest_cta_by_more_than_its_cost():
+    """sm90_choice on the benchmarks as measured (docs/hopper.md): 192 tokens per tile only for benchmark 1
+    (504 tiles, 4 per CTA, for 728, 6 per CTA); the busiest CTA's cost counts each tile's K."""
+    sms = 132
+    picks = [hopper.sm90_choice(tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])),
+                                sms).name for c in BENCHMARK_CASES]
+    assert picks == ["sm90-128x128-k128-wr/contiguous+balanced+by-m", "sm90-192x128-k64-wr/contiguous+balanced+by-m",
+                     "sm90-128x128-k128-wr/round-robin", "sm90-128x128-k128-wr/round-robin"]
+    wide, default = hopper.SM90_CONFIGS["sm90-192x128-k64-wr"], hopper.SM90_CONFIG
+    sizes = tuple((m, 7168, 2048, 1) for m in (40, 76, 168, 72, 164, 148, 196, 160))
+    assert hopper.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper.SM90_TILE_COST_NS[default.name]
+    assert hopper.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper.SM90_TILE_COST_NS[wide.name]
+    # groups of different K: the CTA holding the long group's tiles is the busiest
+    mixed = ((128, 128, 8192, 1), (128, 128, 256, 1))
+    assert hopper.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper.SM90_TILE_COST_NS[default.name]
+    assert hopper.busiest_cta_cost(mixed, 2, default) == 8192 * hopper.SM90_TILE_COST_NS[default.name]
+    assert hopper.launcher_for_setting(None).choose is hopper.sm90_choice
 
 
 def _kernel_ptx(configs, dump_dir) -> dict:
