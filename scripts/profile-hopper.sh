@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The Hopper kernel's next tuning step, in one device call (logs under $OUT):
-#   1. `eval.py sweep --only wr --diagnose`: every weights-in-registers form, each checked
-#      against the reference, and the default's timing diagnostics, against grouped_mm;
-#   2. ncu on custom_kernel's configuration ($NVFP4_SM90_CONFIG or hopper.SM90_CONFIG),
-#      benchmarks ${PROFILE_CASES:-0 3}: one pre-pass and one GEMM launch each, with their
-#      durations, speed of light, memory tables (L2, shared-memory bank conflicts), warp
-#      stall reasons and launch statistics.
-# Usage, from the repository root: OUT=... bash scripts/profile-hopper.sh
+# The Hopper kernel's profile, in one device call (logs under $OUT):
+#   1. with SWEEP=1, `eval.py sweep --only wr --diagnose` first: every weights-in-registers form, each
+#      checked against the reference, and the default's timing diagnostics, against grouped_mm;
+#   2. ncu (full set, details printed) on custom_kernel's choice ($NVFP4_SM90_CONFIG or hopper.sm90_choice),
+#      benchmarks ${PROFILE_CASES:-0 3}: one token pre-pass and one GEMM launch each, past the check's
+#      and the first timing calls' launches. Stall reasons: "Warp Stall Sampling" in each kernel's
+#      Source Counters section.
+# Usage, from the repository root: OUT=... bash scripts/profile-hopper.sh       (carry .cutedsl)
 set -uo pipefail
 OUT=${OUT:-$PWD/profile-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 . scripts/cutedsl-env.sh
 status=0
-echo "=== sweep"
-python3 -W ignore eval.py sweep --only wr --diagnose 2>&1 | tee "$OUT/sweep.log" || status=1
+if [ "${SWEEP:-0}" = 1 ]; then
+  echo "=== sweep"
+  python3 -W ignore eval.py sweep --only wr --diagnose 2>&1 | tee "$OUT/sweep.log" || status=1
+fi
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ ! -x "$ncu" ]; then
   echo "=== ncu not found: profiles skipped"
@@ -22,12 +24,11 @@ if [ ! -x "$ncu" ]; then
 fi
 for case in ${PROFILE_CASES:-0 3}; do
   echo "=== ncu, benchmark $case"
-  # skip the check's and the first timing calls' launches; then one pre-pass and one GEMM
-  "$ncu" --clock-control none -k regex:hopperSm90 --launch-skip 20 --launch-count 2 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
-      --section LaunchStats --section Occupancy \
+  # the pre-pass and the GEMM alternate (the descriptor builder, once per plan, is left out)
+  timeout 300 "$ncu" --clock-control none -k "regex:(convert_tokens|cutlass_kernel_hopper)" --launch-skip 20 \
+      --launch-count 2 --set full --print-details all \
       python3 -W ignore eval.py benchmarks --case "$case" > "$OUT/ncu-benchmark$case.txt" 2>&1 || status=1
-  grep -E "convert_tokens|kernel_cutlass_kernel|Duration|Throughput|Bank|Stall|Registers" \
-      "$OUT/ncu-benchmark$case.txt" | head -60
+  grep -E "^  (kernel|convert)|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|issue_stalled_(long_scoreboard|wait|dispatch_stall|selected|barrier|math_pipe_throttle|mio_throttle|short_scoreboard) " \
+      "$OUT/ncu-benchmark$case.txt" | cut -c1-140 | head -60
 done
 exit $status
