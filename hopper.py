@@ -768,7 +768,7 @@ class Sm90GroupedGemmKernel:
 # Compile and launch
 # =============================================================================
 PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (submission.code_path)
-CONFIG_ENV = "NVFP4_SM90_CONFIG"  # a name in SM90_CONFIGS; unset: SM90_CONFIG
+CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); unset: `sm90_choice` per shape set
 
 
 def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CONFIG) -> submission.Schedule:
@@ -816,8 +816,8 @@ def sm90_choice(problem_sizes, num_sms: int) -> Sm90TileConfig:
 def config_from_setting(setting) -> Sm90TileConfig:
     """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration name,
     optionally followed by "/" and a schedule (`submission.Schedule.from_name`, e.g. "contiguous+balanced"),
-    or "/SCHEDULE" alone for the default configuration under that schedule. Without a schedule custom_kernel
-    runs it under `sm90_schedule` (`launcher_for_setting`)."""
+    or "/SCHEDULE" alone for the default configuration under that schedule. How custom_kernel uses it:
+    `launcher_for_setting`."""
     if setting in (None, ""):
         return SM90_CONFIG
     name, _, schedule = setting.partition("/")
