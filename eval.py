@@ -660,14 +660,12 @@ def kernel_configs(arch: str) -> list:
     import submission
     if is_hopper_arch(arch):
         import hopper
-        contiguous = submission.Schedule(contiguous=True)
-        return [form for c in hopper.SM90_CONFIGS.values()
-                for form in (c, dataclasses.replace(c, name=kernel_name(hopper.with_schedule(c, contiguous)),
-                                                    schedule=contiguous))]
-    # every kernel CONFIG_POLICY may name (`policy_candidates`: the cost model's and the 2-CTA ones, one per
-    # compiled form: `kernel_name`)
-    kernels = {}
-    for c in submission.policy_candidates():
+        candidates = [hopper.with_schedule(c, s) for c in hopper.SM90_CONFIGS.values()
+                      for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
+    else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones
+        candidates = submission.policy_candidates()
+    kernels = {}  # one per compiled form (`kernel_name`)
+    for c in candidates:
         name = kernel_name(c)
         kernels.setdefault(name, dataclasses.replace(c, name=name, schedule=c.compile_key.schedule))
     return list(kernels.values())
@@ -784,7 +782,7 @@ def command_compile(options) -> int:
         shape_sets += contract_shape_sets()
     plans = shape_plans(shape_sets, None, H100_SM_COUNT if hopper else None,
                         hopper_choice() if hopper else None)
-    picked = ("the configuration and schedule custom_kernel runs (hopper.SM90_CONFIG, hopper.sm90_schedule)"
+    picked = ("the configuration and schedule custom_kernel runs (hopper.sm90_choice)"
               if hopper else "the configuration the cost model picks")
     print(f"\nShape sets ({len(plans)}): {picked}, tiles and CTAs; "
           "each is served by the kernel compiled above:")
