@@ -26,7 +26,10 @@ Two kernels per call (the form "weights in registers"):
   fragments and multiplies them by the stage's tokens (wgmma m64 n<tile_m>
   k16, fp16 in, fp32 accumulate): the transposed tile C^T, so no thread
   writes an fp16 operand to shared memory. Two register buffers: a stage
-  converts while the previous stage's wgmma runs.
+  converts while the previous stage's wgmma runs. Each lane of a thread quad
+  converts one quarter of its two rows' packed stage (one load per row, the
+  warp's loads conflict-free), which fixes the K order within a stage
+  (`stage_k_order`) that the pre-pass stores the tokens in.
 
 - The conversion: an E2M1 nibble n placed as the fp16 bit pattern
   (n & 8) << 12 | (n & 7) << 9 is value * 2^-14 (zero, subnormal 0.5 and
@@ -34,10 +37,11 @@ Two kernels per call (the form "weights in registers"):
   value * scale * 2^-7, exactly (at most 5 significant bits, magnitudes
   2^-17 .. 21). The product of two such operands is the true product * 2^-14;
   the epilogue multiplies the fp32 accumulator by 2^14 (exact) and rounds to
-  fp16. Each packed 32-bit word (8 consecutive K) yields its fp16 pairs in the
-  K order (0,4), (1,5), (2,6), (3,7); both operands (the weights' fragments
-  and the pre-pass's tokens) use the same order, which leaves every dot
-  product unchanged.
+  fp16. Each packed 32-bit word (8 consecutive K) yields its fp16 pairs
+  (0,4), (1,5), (2,6), (3,7) with shifts by constants (`dequant_word`). Both
+  operands (the weights' fragments and the pre-pass's tokens) hold the same
+  physical K at each of wgmma's K positions (`stage_k_order`), which leaves
+  every dot product unchanged.
 
 Persistent: at most one CTA per SM walks the tiles of all groups with the B200
 kernel's scheduler (`submission.TileScheduler`), on the same run-time tables
@@ -47,8 +51,10 @@ picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
 
 Warps and pipelines (`WarpRoles`, checked at import):
   warps 0-7   MMA warpgroups 0 and 1: convert B rows 64w .. 64w + 63, wgmma,
-              epilogue (direct stores of C^T's values)
-  warp 8      producer: TMA tokens and B, bulk-copy SFB
+              epilogue (direct stores of C^T's values); 232 registers each
+              (setmaxnreg)
+  warps 8-11  producer warpgroup, 40 registers each: warp 8 TMAs tokens and B
+              and bulk-copies SFB, warps 9-11 only give their registers back
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
       stage's transaction bytes) -> consumers (one arrive per MMA warp, lane 0,
       once the wgmma reading the stage is done)
@@ -85,16 +91,13 @@ SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 @dataclasses.dataclass(frozen=True)
 class Sm90TileConfig(TileConfig):
     """The launcher's TileConfig (tile_m: tokens per tile, wgmma's N; tile_n:
-    weight rows per tile) plus the Hopper kernel's K per stage, the packed
-    weights' shared-memory swizzle, and a timing diagnostic."""
+    weight rows per tile) plus the Hopper kernel's K per stage and a timing
+    diagnostic."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per stage
-    # The packed B stage arrives in TMA's 32- or 64-byte swizzle (its row width at 64 or 128 K),
-    # so that the 8 rows one fragment load of a warp reads fall in different banks
-    # (unswizzled, rows 32 or 64 bytes apart share banks 2- or 4-way).
-    swizzle_packed_b: bool = False
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
-    # loads no tokens, "skip-prepass" runs no pre-pass; with exact results (EXACT_DIAGNOSTICS):
+    # loads no tokens, "skip-prepass" runs no pre-pass, "skip-epilogue" stores no C; with exact
+    # results (EXACT_DIAGNOSTICS):
     # "no-pdl", "early-release" (the pre-pass's launch_dependents first), "prepass-pdl" and
     # "weights-after-wait" (the GEMM requests no weights before its griddepcontrol.wait).
     diagnostic: str = ""
@@ -113,17 +116,17 @@ class Sm90TileConfig(TileConfig):
         return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "no-pdl", "early-release", "prepass-pdl",
-               "weights-after-wait")
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "skip-epilogue", "no-pdl", "early-release",
+               "prepass-pdl", "weights-after-wait")
 # exact results: selectable by CONFIG_ENV
 EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl", "weights-after-wait")
-# Figures: docs/hopper.md (one H200 sweep; the default is the fastest on benchmark 3 and
-# within 1-3% elsewhere; 192 tokens per tile is the fastest on benchmark 1, the swizzled
-# weights on benchmarks 0 and 2).
+# Figures: docs/hopper.md (same-run H200 timings: the default is the fastest on benchmarks 0, 2 and 3,
+# 192 tokens per tile on benchmark 1; 256 tokens per tile and 128 x 128 with 64 K per stage were the
+# fastest nowhere and were removed, as was the swizzled packed stage once the fragment loads stopped
+# conflicting).
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k128-wr", 128, WEIGHT_ROWS, tile_k=128),
     Sm90TileConfig("sm90-192x128-k64-wr", 192, WEIGHT_ROWS, tile_k=64),
-    Sm90TileConfig("sm90-128x128-k128-wr-sw", 128, WEIGHT_ROWS, tile_k=128, swizzle_packed_b=True),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
@@ -153,26 +156,37 @@ A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 
 
 
 class WarpRoles(NamedTuple):
-    """Warps of the kernel: the MMA warpgroups first, the producer warp last."""
+    """Warps of the kernel: the MMA warpgroups first, then the producer
+    warpgroup, whose first warp issues the copies (the other three only give
+    their registers back)."""
     consumer_warps: int  # warps 0 .. consumer_warps - 1
-    producer_warp: int
+    producer_warp: int  # the first warp of the producer warpgroup
     threads: int
     ab_consumer_arrives: int  # PipelineTmaAsync: lane 0 of each consumer warp
     b_rows: tuple  # per MMA warpgroup: (first, count) of the tile's weight rows
+    producer_registers: int  # setmaxnreg: per thread of the producer warpgroup
+    consumer_registers: int  # setmaxnreg: per thread of each MMA warpgroup
 
 
-WARP_ROLES = WarpRoles(4 * MMA_WARPGROUPS, 4 * MMA_WARPGROUPS, 32 * (4 * MMA_WARPGROUPS + 1), 4 * MMA_WARPGROUPS,
-                       tuple((64 * w, 64) for w in range(MMA_WARPGROUPS)))
+WARP_ROLES = WarpRoles(4 * MMA_WARPGROUPS, 4 * MMA_WARPGROUPS, 128 * (MMA_WARPGROUPS + 1), 4 * MMA_WARPGROUPS,
+                       tuple((64 * w, 64) for w in range(MMA_WARPGROUPS)), producer_registers=40,
+                       consumer_registers=232)
 
 
 def check_sm90_warp_roles() -> None:
-    """Arrive counts, row splits and tile sizes against the warp layout, at
-    import (a mismatch would hang a GPU, so it must fail here)."""
+    """Arrive counts, row splits, register shares and tile sizes against the
+    warp layout, at import (a mismatch would hang a GPU, so it must fail here)."""
     roles = WARP_ROLES
-    assert roles.producer_warp == roles.consumer_warps and roles.threads == 32 * (roles.consumer_warps + 1)
+    assert roles.producer_warp == roles.consumer_warps and roles.threads == 32 * (roles.consumer_warps + 4)
     assert roles.ab_consumer_arrives == roles.consumer_warps  # every consumer warp releases its stage
     covered = sorted(r for first, count in roles.b_rows for r in range(first, first + count))
     assert covered == list(range(WEIGHT_ROWS))  # every weight row converted once
+    # setmaxnreg: multiples of 8 in 24 .. 256; the shares after it fit the register file, and the
+    # producer gives registers back (dec) while the MMA warpgroups take them (inc) from the launch's budget
+    for count in (roles.producer_registers, roles.consumer_registers):
+        assert count % 8 == 0 and 24 <= count <= 256, roles
+    assert 128 * (roles.producer_registers + MMA_WARPGROUPS * roles.consumer_registers) <= REGISTERS_PER_SM
+    assert roles.producer_registers <= register_budget() <= roles.consumer_registers
     for config in SM90_CONFIGS.values():
         # the tokens are wgmma's N: a multiple of 8 up to 256; the pre-pass's 128-row items need none
         assert config.tile_n == WEIGHT_ROWS and config.tile_m % 8 == 0 and 8 <= config.tile_m <= 256, config
@@ -181,11 +195,12 @@ def check_sm90_warp_roles() -> None:
 
 
 def register_budget() -> int:
-    """Registers per thread that let a CTA fit an SM: each of the SM's four
-    schedulers has a quarter of the register file for the warps it holds
-    (warp w goes to scheduler w % 4), allocated in units of 8 per thread.
-    Nine warps (two warpgroups and a producer) put three on one scheduler:
-    168 registers, which is what ptxas caps them at."""
+    """Registers per thread at launch that let a CTA fit an SM: each of the
+    SM's four schedulers has a quarter of the register file for the warps it
+    holds (warp w goes to scheduler w % 4), allocated in units of 8 per
+    thread. Twelve warps (two MMA warpgroups and the producer warpgroup) put
+    three on each scheduler: 168 registers, which is what ptxas caps them at;
+    setmaxnreg then moves registers from the producer to the MMA warpgroups."""
     warps_per_scheduler = -(-(WARP_ROLES.threads // 32) // SCHEDULERS_PER_SM)
     return REGISTERS_PER_SM // SCHEDULERS_PER_SM // (32 * warps_per_scheduler) // 8 * 8
 
@@ -216,7 +231,6 @@ def _pair_ptx(j: int, packed: str, scale: str, out: str) -> str:
 
 PAIR_REGISTERS = "{\n\t.reg .b32 a, b, x;\n\t"
 DEQUANT_WORD_PTX = PAIR_REGISTERS + "".join(_pair_ptx(j, "$4", "$5", f"${j}") for j in range(4)) + "}"
-DEQUANT_PAIR_PTX = PAIR_REGISTERS + _pair_ptx(3, "$1", "$2", "$0") + "}"
 
 
 @cute.jit
@@ -245,35 +259,53 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
 
 
-@cute.jit
-def dequant_pair(packed: cutlass.Uint32, scale: cutlass.Uint32) -> cutlass.Uint32:
-    """The fp16 pair of the nibbles at bits 12-15 and 28-31 of `packed`, times
-    the scale (`dequant_word`'s arithmetic for one pair)."""
-    return cutlass.Uint32(_asm(cutlass.Uint32.mlir_type, [packed, scale], DEQUANT_PAIR_PTX, "=r,r,r"))
-
-
 def scratch_address(tensormaps: cute.Tensor, num_groups):
     """Where a plan's scratch starts: after its (G, 5, 16) descriptor table
     in the plan's memory (`submission.LaunchPlan`)."""
     return tensormaps.iterator.toint() + cutlass.Int64(num_groups) * (TENSORMAP_I64_PER_GROUP * 8)
 
 
-def token_scale_offset(row, k0, k):
-    """Byte offset, in a group's reordered SFA, of the two scale factors of
-    K k0 .. k0 + 31 (k0 a multiple of 32) of `row`: consecutive bytes."""
-    return (row // 128 * (k // 64) + k0 // 64) * SF_BLOCK_BYTES + sf_offset(row % 128, k0 % 64 // 16)
+def token_scale_offset(row, kb, k):
+    """Byte offset, in a group's reordered SFA (K = k), of the scale factor of
+    `row` and 16-K block `kb` (0 .. k/16 - 1)."""
+    return (row // 128 * (k // 64) + kb // 4) * SF_BLOCK_BYTES + sf_offset(row % 128, kb % 4)
 
 
-def packed_column(row, kb, row_bytes: int, swizzle_bits: int):
-    """Where 8-byte block `kb` of `row` sits in a packed stage of `row_bytes`
-    per row (the stage on a 1024-byte boundary): at `kb`, or in TMA's swizzle
-    (CuTe Swizzle<swizzle_bits, 4, 3> on byte offsets: the 16-byte chunk index
-    XORed with bits 7 .. 7 + swizzle_bits - 1 of the offset, which for rows of
-    32 or 64 bytes come from the row alone). Python ints or DSL integers."""
-    if swizzle_bits == 0:
-        return kb
-    row_shift = 7 - (row_bytes.bit_length() - 1)  # row * row_bytes >> 7 == row >> row_shift
-    return kb ^ (((row >> row_shift) & ((1 << swizzle_bits) - 1)) << 1)
+def lane_words(tile_k: int) -> int:
+    """Packed 32-bit words (8 K each) of one row and stage that each lane of a
+    quad converts: a quarter of the row."""
+    return tile_k // 32
+
+
+def fragment_word(dr: int, t: int) -> int:
+    """Where pair t (0 .. 2 tile_k/32 - 1) of a lane's quarter row goes in its
+    fragment (A_FRAGMENT_LAYOUT recast to 32-bit words: (row + 8, K + 8, kb)):
+    rows `row` + 8 dr, 16-K block t // 2, K + 8 for odd t."""
+    return dr + 2 * (t % 2) + 4 * (t // 2)
+
+
+def prepass_pair(q: int, jj: int) -> int:
+    """Where the pre-pass puts pair jj of quarter q's word among a 32-K chunk's
+    16 fp16 pairs: the pair wgmma's K order (`stage_k_order`) has there."""
+    return 4 * jj + q
+
+
+def stage_k_order(tile_k: int) -> list:
+    """wgmma's K order within a stage, as both operands have it: entry L is
+    the physical K (0 .. tile_k - 1) at logical K L. Thread quad lane q holds
+    logical K 16 kb + 8 j + 2 q + (0, 1) of each 16-K block kb (A_FRAGMENT_LAYOUT);
+    `dequantize_a_fragment` fills them from physical quarter q of the row: pair
+    jj of word w (physical K q tile_k/4 + 8 w + jj and + 4, `dequant_word`) as
+    pair t = 4 w + jj (`fragment_word`). A host-side model for the tests."""
+    order = [None] * tile_k
+    for q in range(4):
+        for w in range(lane_words(tile_k)):
+            for jj in range(4):
+                word = fragment_word(0, 4 * w + jj)  # (K + 8) = word // 2 % 2, kb = word // 4
+                for p in range(2):
+                    logical = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q + p
+                    order[logical] = q * tile_k // 4 + 8 * w + jj + 4 * p
+    return order
 
 
 def sf_offset(row, kb):
@@ -289,8 +321,7 @@ def sf_offset(row, kb):
 # =============================================================================
 class Sm90SmemLayouts(NamedTuple):
     tokens: cute.ComposedLayout  # (tile_m, tile_k, STAGE) fp16, wgmma's K-major swizzle (TMA stages)
-    b_packed: cute.Layout  # (WEIGHT_ROWS, K/2 bytes, STAGE), as threads index it
-    b_packed_tma: object  # the same, swizzled where TMA swizzles it (swizzle_packed_b)
+    b_packed: cute.Layout  # (WEIGHT_ROWS, K/2 bytes, STAGE)
     sf: cute.Layout  # (sf_stage_bytes, STAGE) of SFB
 
 
@@ -303,8 +334,6 @@ class Sm90GroupedGemmKernel:
         self.tile_mnk = config.tile_mnk
         self.tile_m, self.tile_n = config.tile_m, config.tile_n  # the scheduler's tile of C (M x N)
         self.packed_k_bytes = self.tile_k // 2  # per row and stage
-        # swizzle_packed_b: TMA's swizzle of 16-byte chunks within 2^bits-chunk rows (32 or 64 bytes)
-        self.b_swizzle_bits = (self.packed_k_bytes // 16).bit_length() - 1 if config.swizzle_packed_b else 0
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per stage
         self.roles = WARP_ROLES
         # The GEMM may read the weights before its griddepcontrol.wait only where its launch follows a
@@ -339,8 +368,6 @@ class Sm90GroupedGemmKernel:
         return Sm90SmemLayouts(
             tokens=sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, stages),
             b_packed=b_packed,
-            b_packed_tma=(cute.make_composed_layout(cute.make_swizzle(self.b_swizzle_bits, 4, 3), 0, b_packed)
-                          if self.b_swizzle_bits else b_packed),
             sf=cute.make_layout((self.sf_stage_bytes, stages)))
 
     def stage_bytes(self) -> int:
@@ -368,7 +395,7 @@ class Sm90GroupedGemmKernel:
         return layouts, (
             cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Float16), one_stage(layouts.tokens),
                                         (self.tile_m, self.tile_k)),
-            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed_tma),
+            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed),
                                         (WEIGHT_ROWS, self.packed_k_bytes)))
 
     @cute.jit
@@ -460,10 +487,13 @@ class Sm90GroupedGemmKernel:
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
-        if warp_idx == self.roles.producer_warp:
-            self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps, plan_ready,
-                          (tma_atom_a, tma_atom_b), mA, mB)
+        if warp_idx >= self.roles.producer_warp:
+            cute.arch.warpgroup_reg_dealloc(self.roles.producer_registers)
+            if warp_idx == self.roles.producer_warp:
+                self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
+                              plan_ready, (tma_atom_a, tma_atom_b), mA, mB)
         if warp_idx < self.roles.producer_warp:
+            cute.arch.warpgroup_reg_alloc(self.roles.consumer_registers)
             self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx)
 
     @cute.jit
@@ -496,10 +526,7 @@ class Sm90GroupedGemmKernel:
         weights before griddepcontrol.wait, their tokens after it."""
         tma_atom_a, tma_atom_b = atoms
         sA = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
-        if cutlass.const_expr(self.b_swizzle_bits):
-            sB = storage.b_packed.get_tensor(layouts.b_packed_tma.outer, swizzle=layouts.b_packed_tma.inner)
-        else:
-            sB = storage.b_packed.get_tensor(layouts.b_packed)
+        sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFB = storage.sfb.get_tensor(layouts.sf)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES)
         tAsA, tAgA = cpasync.tma_partition(
@@ -524,13 +551,14 @@ class Sm90GroupedGemmKernel:
             if plan_ready != 0:
                 if scheduler.has_work():
                     first = scheduler.current()
+                    sfb_first = self.sfb_tile_address(first, problem_sizes, sf_ptrs)
                     early = first.k_tiles
                     if early > self.num_ab_stages:
                         early = cutlass.Int32(self.num_ab_stages)
                     for k_tile in cutlass.range(0, early, 1, unroll=1):
                         ab_pipeline.producer_acquire(state)
                         self.load_stage("weights", copies, first, k_tile, ab_pipeline.producer_get_barrier(state),
-                                        state.index, tensormaps, problem_sizes, sf_ptrs)
+                                        state.index, tensormaps, sfb_first)
                         state.advance()
         cute.arch.griddepcontrol_wait()
         if early > 0:
@@ -538,18 +566,18 @@ class Sm90GroupedGemmKernel:
             token_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
             for k_tile in cutlass.range(0, early, 1, unroll=1):
                 self.load_stage("tokens", copies, first, k_tile, ab_pipeline.producer_get_barrier(token_state),
-                                token_state.index, tensormaps, problem_sizes, sf_ptrs)
+                                token_state.index, tensormaps, None)
                 ab_pipeline.producer_commit(token_state)
                 token_state.advance()
         while scheduler.has_work():
             work = scheduler.current()
             tensormaps.fetch_ahead(work, scheduler, plan_ready)
+            sfb_tile = self.sfb_tile_address(work, problem_sizes, sf_ptrs)
             for k_tile in cutlass.range(early, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 barrier = ab_pipeline.producer_get_barrier(state)
                 for what in ("tokens", "weights"):  # unrolled while tracing
-                    self.load_stage(what, copies, work, k_tile, barrier, state.index, tensormaps, problem_sizes,
-                                    sf_ptrs)
+                    self.load_stage(what, copies, work, k_tile, barrier, state.index, tensormaps, sfb_tile)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             early = cutlass.Int32(0)
@@ -557,11 +585,17 @@ class Sm90GroupedGemmKernel:
         cute.arch.griddepcontrol_launch_dependents()  # the last loads are issued: the next kernel may start
         ab_pipeline.producer_tail(state)
 
+    @staticmethod
+    def sfb_tile_address(work, problem_sizes, sf_ptrs):
+        """Where `work`'s SFB starts: its 128-row block of the group's blocked scale factors, (K/64)
+        blocks of 512 bytes each (read once per tile; `load_stage` adds the stage's offset)."""
+        return sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
+
     @cute.jit
-    def load_stage(self, what: cutlass.Constexpr, copies, work, k_tile, barrier, stage, tensormaps, problem_sizes,
-                   sf_ptrs):
+    def load_stage(self, what: cutlass.Constexpr, copies, work, k_tile, barrier, stage, tensormaps, sfb_tile):
         """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the pre-pass's scratch) or its
-        "weights" (packed B by TMA, SFB by a bulk copy), arriving on `barrier`."""
+        "weights" (packed B by TMA, SFB by a bulk copy from `sfb_tile`, `sfb_tile_address`), arriving on
+        `barrier`."""
         tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
         if cutlass.const_expr(what == "tokens"):
             if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
@@ -572,11 +606,9 @@ class Sm90GroupedGemmKernel:
                       tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
             # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
             if cute.arch.lane_idx() == 0:
-                # Scale factors: 128-row blocks, (K/64) blocks of 512 bytes each.
-                sfb = (sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
-                       + k_tile * self.sf_stage_bytes)
                 src = cute.make_tensor(
-                    cute.make_ptr(cutlass.Uint8, sfb, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+                    cute.make_ptr(cutlass.Uint8, sfb_tile + k_tile * self.sf_stage_bytes, cute.AddressSpace.gmem,
+                                  assumed_align=PTR_ALIGN_BYTES),
                     cute.make_layout(self.sf_stage_bytes))
                 cute.copy(bulk, src, sSFB[(None, stage)], mbar_ptr=barrier)
 
@@ -584,32 +616,31 @@ class Sm90GroupedGemmKernel:
     # The MMA warpgroups: weights dequantized into registers, times the tokens
     # -------------------------------------------------------------------------
     @cute.jit
-    def dequantize_a_fragment(self, s_packed, s_sf, frag, stage, row, lane, swizzle_bits: cutlass.Constexpr = 0):
-        """This thread's wgmma A fragment (A_FRAGMENT_LAYOUT) of stage `stage`:
-        rows `row` and row + 8, K pairs (2 q, 2 q + 1) + 8 j + 16 kb for q = lane % 4.
-        In the K order of `dequant_word` (logical pair p of an 8-group holds
-        physical K p and p + 4, as the pre-pass's tokens do), that is pair q
-        of each packed word: the word shifted left by 4 (3 - q), then `dequant_pair`.
-        With `swizzle_bits` the stage is in TMA's swizzle: the 16-byte chunk
-        index of a row is XORed with bits 7 .. 7 + swizzle_bits - 1 of the row's
-        byte offset (the stage starts on a 1024-byte boundary)."""
+    def dequantize_a_fragment(self, s_packed, s_sf, frag, stage, row, q):
+        """This thread's wgmma A fragment (A_FRAGMENT_LAYOUT) of stage `stage`,
+        rows `row` and row + 8: lane q (0..3) of a quad converts the q-th
+        quarter of each row's packed stage (one 16- or 8-byte load; the 32 lanes
+        of a warp read 8 consecutive rows, hence consecutive bytes: no bank
+        conflicts) and puts pair t of it where `fragment_word` says, which is
+        wgmma's K order of `stage_k_order`; the pre-pass stores the tokens in
+        the same order."""
         blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, tile_k / 16)
         # the scale factors of a row's four 16-K blocks of one 64-K block are 4 consecutive bytes
         scale_words = cute.recast_tensor(s_sf[(None, stage)], cutlass.Uint32)  # (sf_stage_bytes / 4,)
         frag32 = cute.recast_tensor(frag, cutlass.Uint32)  # ((1, 2, 2), 1, K blocks): (row + 8, K + 8, kb)
-        to_pair = cutlass.Uint32(1) << (4 * (3 - lane % 4))  # a multiply (IMAD), not a shift on the integer pipe
+        words = lane_words(self.tile_k)  # packed words per row and lane: 4 or 2
+        first_block = q * (words // 2)  # the lane's first 16-K block of the stage (its words' scales)
         for dr in cutlass.range_constexpr(2):
             r = row + 8 * dr
-            for block64 in cutlass.range_constexpr(self.tile_k // 64):
-                scales = scale_words[(block64 * SF_BLOCK_BYTES + sf_offset(r, 0)) // 4]
-                for kb4 in cutlass.range_constexpr(4):
-                    kb = 4 * block64 + kb4
-                    scale = scale_f16x2(scales, kb4)
-                    column = packed_column(r, kb, self.packed_k_bytes, swizzle_bits)
-                    packed = blocks[r, column]  # one 8-byte load: K 16 kb .. 16 kb + 15
-                    for j in cutlass.range_constexpr(2):
-                        frag32[dr + 2 * j + 4 * kb] = dequant_pair(cutlass.Uint32(packed >> (32 * j)) * to_pair, scale)
-
+            scales = scale_words[(first_block // 4 * SF_BLOCK_BYTES + sf_offset(r, 0)) // 4] >> (8 * (first_block % 4))
+            for half in cutlass.range_constexpr(words // 2):
+                packed = blocks[r, q * (words // 2) + half]  # 8 bytes: the lane's words 2 half, 2 half + 1
+                scale = scale_f16x2(scales, half)  # 16 K per scale factor: two words
+                for h in cutlass.range_constexpr(2):
+                    w = 2 * half + h
+                    pairs = dequant_word(cutlass.Uint32(packed >> (32 * h)), scale)
+                    for jj in cutlass.range_constexpr(4):
+                        frag32[fragment_word(dr, 4 * w + jj)] = pairs[jj]
 
     @cute.jit
     def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx):
@@ -647,8 +678,7 @@ class Sm90GroupedGemmKernel:
                     ab_pipeline.consumer_wait(state)
                     # the timing diagnostics (Sm90TileConfig.diagnostic) leave out a part
                     if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
-                        self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 32,
-                                                   self.b_swizzle_bits)
+                        self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 4)
                     if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
                         warpgroup.fence()
                         for kb in cutlass.range_constexpr(self.tile_k // 16):
@@ -663,7 +693,8 @@ class Sm90GroupedGemmKernel:
             warpgroup.wait_group(0)
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
-            self.epilogue(acc, tCcC, output, work)
+            if cutlass.const_expr(self.config.diagnostic != "skip-epilogue"):
+                self.epilogue(acc, tCcC, output, work)
             scheduler.advance()
 
     @staticmethod
@@ -739,25 +770,26 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def convert_token_chunk(self, a_address, sfa_address, out_address, row, k0, k):
-        """K k0 .. k0 + 31 of A's `row`: 4 packed words and 2 scale factors in,
-        16 fp16 pairs out."""
-        src = cute.make_tensor(
-            cute.make_ptr(cutlass.Uint32, a_address + cutlass.Int64(row) * (k // 2) + k0 // 2,
-                          cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
-        words = cute.make_rmem_tensor((4,), cutlass.Uint32)
-        cute.autovec_copy(src, words)
-        scales = cute.make_tensor(
-            cute.make_ptr(cutlass.Uint16, sfa_address + token_scale_offset(row, k0, k), cute.AddressSpace.gmem,
-                          assumed_align=2), cute.make_layout(1))
-        scale_pair = cutlass.Uint32(scales[0])  # the scale factors of K k0 .. k0 + 15 and k0 + 16 .. k0 + 31
+        """Logical K k0 .. k0 + 31 (`stage_k_order`) of A's `row`: word g =
+        (k0 % tile_k) / 32 of each of the 4 quarters of its stage's packed row
+        and their scale factors in, 16 fp16 pairs (64 bytes) out: pair jj of
+        quarter q's word goes to pair 4 jj + q (`prepass_pair`)."""
+        words = lane_words(self.tile_k)
+        stage_k = k0 - k0 % self.tile_k
+        g = k0 % self.tile_k // TOKEN_CHUNK_K
+        row_bytes = cutlass.Int64(row) * (k // 2)
         out = cute.make_rmem_tensor((16,), cutlass.Uint32)
-        for half in cutlass.range_constexpr(2):
-            scale = scale_f16x2(scale_pair, half)
-            for word in cutlass.range_constexpr(2):
-                w = 2 * half + word
-                pairs = dequant_word(words[w], scale)
-                for j in cutlass.range_constexpr(4):
-                    out[4 * w + j] = pairs[j]
+        for q in cutlass.range_constexpr(4):
+            word = q * words + g  # physical K stage_k + 8 word .. + 7
+            src = cute.make_tensor(
+                cute.make_ptr(cutlass.Uint32, a_address + row_bytes + (stage_k + 8 * word) // 2,
+                              cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))
+            scale_byte = cute.make_tensor(
+                cute.make_ptr(cutlass.Uint8, sfa_address + token_scale_offset(row, (stage_k + 8 * word) // 16, k),
+                              cute.AddressSpace.gmem, assumed_align=1), cute.make_layout(1))
+            pairs = dequant_word(src[0], scale_f16x2(cutlass.Uint32(scale_byte[0]), 0))
+            for jj in cutlass.range_constexpr(4):
+                out[prepass_pair(q, jj)] = pairs[jj]
         dst = cute.make_tensor(
             cute.make_ptr(cutlass.Uint32, out_address + (cutlass.Int64(row) * k + k0) * 2, cute.AddressSpace.gmem,
                           assumed_align=16), cute.make_layout(16))

@@ -114,7 +114,10 @@ def test_ptx_has_the_designed_instructions(report, name):
     assert features["e4m3_to_f16x2"] >= 1
     assert len(re.findall(r"st\.shared\.v4", ptx)) == 0
     assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2
-    assert features["threads_per_cta"] == hopper.WARP_ROLES.threads == 32 * 9
+    assert features["threads_per_cta"] == hopper.WARP_ROLES.threads == 32 * 12
+    # registers move from the producer warpgroup to the MMA warpgroups (setmaxnreg)
+    assert re.findall(r"setmaxnreg\.(dec|inc)\.sync\.aligned\.u32\s+(\d+)", ptx) == [
+        ("dec", str(hopper.WARP_ROLES.producer_registers)), ("inc", str(hopper.WARP_ROLES.consumer_registers))]
 
 
 # ---- the arithmetic, emulated bit for bit on the CPU ------------------------------
@@ -176,8 +179,8 @@ def run_ptx(ptx: str, operands: dict) -> dict:
 
 
 def test_the_conversion_ptx_yields_each_pair_times_the_scale():
-    """DEQUANT_WORD_PTX and DEQUANT_PAIR_PTX, emulated: pair j of a word is the
-    nibbles j and j + 4 as value * 2^-14 times the fp16 scale, exactly."""
+    """DEQUANT_WORD_PTX, emulated: pair j of a word is the nibbles j and j + 4
+    as value * 2^-14 times the fp16 scale, exactly."""
     scale = 0x4C00  # fp16 16.0 in both halves
     scale2 = scale | scale << 16
     for word in (0x76543210, 0xFEDCBA98, 0x19E2B7C4, 0x8F0F70F0):
@@ -186,8 +189,6 @@ def test_the_conversion_ptx_yields_each_pair_times_the_scale():
             got = out[f"${j}"]
             for half, nibble in ((got & 0xFFFF, word >> 4 * j & 15), (got >> 16, word >> 4 * (j + 4) & 15)):
                 assert f16(half) == e2m1(nibble) * 2.0 ** -14 * 16.0, (hex(word), j)
-        # dequant_pair: the same arithmetic as pair 3 (nibbles at bits 12-15 and 28-31)
-        assert run_ptx(hopper.DEQUANT_PAIR_PTX, {"$1": word, "$2": scale2})["$0"] == out["$3"]
 
 
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
@@ -343,6 +344,8 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     # skip-tokens: packed B's TMA loads only (the first stages' before the wait, then the K loop's)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
     assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
+    # skip-epilogue: the MMA warps store no C (the pre-pass's vector stores stay)
+    assert count(r"st\.global\.(?:u16|b16)", base) > 0 == count(r"st\.global\.(?:u16|b16)", by_what["skip-epilogue"])
     # weights-after-wait: the producer's first load follows its griddepcontrol.wait
     gemm_entry = lambda text: [e for e in re.split(r"\.entry\s", text)[1:] if "wgmma" in e][0]
     before_wait = lambda text: gemm_entry(text)[:gemm_entry(text).index("griddepcontrol.wait")]
@@ -383,19 +386,16 @@ def test_a_plan_owns_its_descriptor_table_and_the_token_prepass_scratch():
         assert config.plan_words(sizes) == table_words
 
 
-def test_the_token_prepass_reads_a_chunks_two_scale_factors_as_one_halfword():
-    """convert_token_chunk: the scale factors of K k0 .. k0 + 15 and k0 + 16 ..
-    k0 + 31 of a row are consecutive bytes of the blocked layout, 2-aligned."""
+def test_the_token_prepass_addresses_each_scale_factor_in_the_blocked_layout():
+    """convert_token_chunk: the scale factor of row `row` and 16-K block kb of A."""
     from reference import generate_input
     m, n, k = 300, 128, 1024
     data = generate_input((m,), (n,), (k,), 1, seed=11, device="cpu")
     sfa_plain = data[1][0][0].view(torch.uint8)[:, :, 0]  # [M, K/16]
     blocked = data[2][0][0].permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).flatten()
     for row in (0, 5, 31, 32, 127, 128, 200, 299):
-        for k0 in range(0, k, hopper.TOKEN_CHUNK_K):
-            at = hopper.token_scale_offset(row, k0, k)
-            assert at % 2 == 0
-            assert blocked[at: at + 2].tolist() == sfa_plain[row, k0 // 16: k0 // 16 + 2].tolist(), (row, k0)
+        for kb in range(k // 16):
+            assert blocked[hopper.token_scale_offset(row, kb, k)] == sfa_plain[row, kb], (row, kb)
 
 
 def test_the_configuration_setting():
@@ -407,10 +407,12 @@ def test_the_configuration_setting():
 
 def test_the_register_budget_counts_warps_per_scheduler():
     """ptxas caps a CTA's registers by the warps one of the SM's four
-    schedulers holds: 9 warps (two warpgroups and the producer) -> 3 on one
-    -> 168 (what it did for that warp count)."""
-    assert hopper.WARP_ROLES.threads == 9 * 32
+    schedulers holds: 12 warps (two MMA warpgroups and the producer's) -> 3 on
+    each -> 168 (what it did for that warp count); setmaxnreg's shares fit."""
+    roles = hopper.WARP_ROLES
+    assert roles.threads == 12 * 32
     assert hopper.register_budget() == 168
+    assert 128 * (roles.producer_registers + 2 * roles.consumer_registers) <= 65536
 
 
 def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
@@ -430,28 +432,40 @@ def test_sweep_picks_configurations_by_name():
     assert ev.sweep_configs(["no-such-form"]) == []
 
 
-@pytest.mark.parametrize("row_bytes", [32, 64])
-def test_the_swizzled_packed_stage_puts_a_warps_eight_rows_in_different_banks(row_bytes):
-    """packed_column against CuTe's Swizzle<B, 4, 3> on byte offsets, and the
-    reason for it: a fragment load reads 8 bytes of 8 consecutive rows."""
-    bits = (row_bytes // 16).bit_length() - 1
+@pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
+def test_the_prepass_stores_the_tokens_in_the_k_order_the_weights_fragments_have(tile_k):
+    """Both operands of wgmma must hold the same physical K at each logical K:
+    the weights as dequantize_a_fragment places them (`stage_k_order`), the
+    tokens as convert_token_chunk stores them (chunk g of a stage: word
+    q * lane_words + g of quarter q, its pair jj at `prepass_pair`)."""
+    order = hopper.stage_k_order(tile_k)
+    assert sorted(order) == list(range(tile_k))  # a permutation of the stage's K
+    words = hopper.lane_words(tile_k)
+    stored = [None] * tile_k
+    for g in range(tile_k // hopper.TOKEN_CHUNK_K):
+        for q in range(4):
+            word = q * words + g
+            for jj in range(4):
+                pair = 16 * g + hopper.prepass_pair(q, jj)  # fp16 pair index within the stage's row
+                for p in range(2):
+                    assert stored[2 * pair + p] is None
+                    stored[2 * pair + p] = 8 * word + jj + 4 * p
+    assert stored == order
+    # the two values of each fp16 pair come from one 16-K block: one scale factor per pair on both sides
+    for logical in range(0, tile_k, 2):
+        assert order[logical] // 16 == order[logical + 1] // 16
 
-    def cute_swizzle(offset):  # Swizzle<bits, 4, 3>: bits 7.. XORed into bits 4..
-        return offset ^ ((offset & (((1 << bits) - 1) << 7)) >> 3)
 
-    blocks = row_bytes // 8
-    for row in range(128):
-        for kb in range(blocks):
-            assert row * row_bytes + 8 * hopper.packed_column(row, kb, row_bytes, bits) == cute_swizzle(
-                row * row_bytes + 8 * kb)
-
-    def banks(swizzle_bits, first_row, kb):
-        return {(r * row_bytes + 8 * hopper.packed_column(r, kb, row_bytes, swizzle_bits)) // 4 % 32
-                for r in range(first_row, first_row + 8)}
-    for first_row in range(0, 128, 8):
-        for kb in range(blocks):
-            assert len(banks(bits, first_row, kb)) == 8  # one 4-byte bank per row (its word's first half)
-            assert len(banks(0, first_row, kb)) == 128 // row_bytes  # unswizzled: shared 2- or 4-way
+@pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
+def test_a_warps_fragment_loads_read_consecutive_bytes(tile_k):
+    """dequantize_a_fragment: lane (q, row r of 8) reads quarter q of row r's
+    packed stage, so a warp's 32 lanes read 8 consecutive rows' bytes once
+    each (no bank conflicts, no broadcast)."""
+    row_bytes = tile_k // 2
+    quarter = row_bytes // 4
+    for first in range(0, 128, 8):
+        spans = sorted((r * row_bytes + q * quarter, quarter) for r in range(first, first + 8) for q in range(4))
+        assert [start for start, _ in spans] == list(range(first * row_bytes, (first + 8) * row_bytes, quarter))
 
 
 def test_a_setting_may_name_a_schedule():
