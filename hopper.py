@@ -150,6 +150,11 @@ REGISTERS_PER_SM = 65536
 SCHEDULERS_PER_SM = 4  # warp schedulers, each with a quarter of the register file
 SM90_TENSORMAPS = 2  # A (the pre-pass's tokens), B: slots 0 and 1 of each group's five in the descriptor table
 ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
+# Epilogue: each MMA warpgroup stages C^T's values through shared memory, EPILOGUE_TOKENS tokens at a time,
+# as rows of C (64 weight columns, 128 contiguous bytes), then stores them 16 bytes per thread.
+EPILOGUE_TOKENS = 64
+EPILOGUE_ROW_HALVES = 72  # a staged row's stride in fp16: 144 bytes, so the 4 lanes of a quad hit different banks
+EPILOGUE_BARRIER = 1  # named barriers 1 and 2: one per MMA warpgroup (0 is the CTA's)
 
 F16X2_128 = 0x58005800  # fp16 128.0 in both halves
 A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 A in registers, (m + 64 k)
@@ -342,7 +347,7 @@ class Sm90GroupedGemmKernel:
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
-        free = SMEM_CAPACITY - SMEM_RESERVED - mbarriers
+        free = SMEM_CAPACITY - SMEM_RESERVED - mbarriers - cute.cosize(self.epilogue_layout()) * 2
         self.num_ab_stages = min(MAX_AB_STAGES, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
@@ -369,6 +374,12 @@ class Sm90GroupedGemmKernel:
             tokens=sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, stages),
             b_packed=b_packed,
             sf=cute.make_layout((self.sf_stage_bytes, stages)))
+
+    @staticmethod
+    def epilogue_layout() -> cute.Layout:
+        """(tokens, weight columns, warpgroup) fp16: each MMA warpgroup's staging of EPILOGUE_TOKENS rows of C."""
+        return cute.make_layout((EPILOGUE_TOKENS, 64, MMA_WARPGROUPS),
+                                stride=(EPILOGUE_ROW_HALVES, 1, EPILOGUE_TOKENS * EPILOGUE_ROW_HALVES))
 
     def stage_bytes(self) -> int:
         """Bytes one TMA stage receives (its transaction count): fp16 tokens, packed B, SFB."""
@@ -443,6 +454,8 @@ class Sm90GroupedGemmKernel:
             tokens: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.tokens)], 1024]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 1024]
             sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
+            epilogue: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(self.epilogue_layout())],
+                                        16]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -655,6 +668,7 @@ class Sm90GroupedGemmKernel:
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFB = storage.sfb.get_tensor(layouts.sf)
         sTokens = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
+        sC = storage.epilogue.get_tensor(self.epilogue_layout())  # (EPILOGUE_TOKENS, 64, MMA_WARPGROUPS)
         thr_mma = tiled_mma.get_slice(tidx)
         tCsT = tiled_mma.make_fragment_B(thr_mma.partition_B(sTokens))  # (MMA, MMA_N, MMA_K, STAGE)
         w_shape = thr_mma.partition_shape_A((WEIGHT_ROWS, self.tile_k))  # (MMA, MMA_M, MMA_K)
@@ -694,7 +708,7 @@ class Sm90GroupedGemmKernel:
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
             if cutlass.const_expr(self.config.diagnostic != "skip-epilogue"):
-                self.epilogue(acc, tCcC, output, work)
+                self.epilogue(acc, tCcC, output, work, sC[(None, None, wg)], wg, wg_tidx)
             scheduler.advance()
 
     @staticmethod
@@ -703,18 +717,40 @@ class Sm90GroupedGemmKernel:
         return problem_sizes[work.group, 0], problem_sizes[work.group, 1], abc_ptrs[work.group, 2]
 
     @cute.jit
-    def epilogue(self, acc, tCcC, output, work):
+    def epilogue(self, acc, tCcC, output, work, staging, wg, wg_tidx):
         """acc * 2^14 to fp16 into C (`output`: M, N, address); `tCcC` holds
-        each value's (n, m) in the tile C^T."""
+        each value's (n, m) in the tile C^T. Warpgroup wg owns the tile's
+        weight columns 64 wg .. 64 wg + 63 of C: EPILOGUE_TOKENS tokens at a
+        time its threads put their values in `staging` (rows of C), then each
+        thread stores 16-byte pieces of them, 8 threads per row of C (128
+        contiguous bytes), rows past M left out."""
         m, n, address = output
-        c = cute.make_tensor(
-            cute.make_ptr(cutlass.Float16, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
-            cute.make_layout((m, n), stride=(n, 1)))
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            col, row = tCcC[i]
-            row = row + work.m_tile * self.tile_m
-            if row < m:
-                c[row, col + work.n_tile * self.tile_n] = (acc[i] * ACC_SCALE).to(cutlass.Float16)
+        first_row = work.m_tile * self.tile_m
+        first_col = work.n_tile * self.tile_n + 64 * wg
+        values = cute.size(acc) // (self.tile_m // EPILOGUE_TOKENS)  # per pass: the tokens' 8-column blocks
+        pieces = EPILOGUE_TOKENS * 64 // 8 // 128  # 16-byte pieces per thread and pass
+        for rows in cutlass.range_constexpr(self.tile_m // EPILOGUE_TOKENS):
+            # acc's value i: token (m) + i % 2 + 8 (i // 4), weight (n) + 8 (i // 2 % 2) (make_tiled_mma's C)
+            for i in cutlass.range_constexpr(values):
+                col, row = tCcC[values * rows + i]
+                staging[row - EPILOGUE_TOKENS * rows, col - 64 * wg] = (
+                    acc[values * rows + i] * ACC_SCALE).to(cutlass.Float16)
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=128)
+            for r in cutlass.range_constexpr(pieces):
+                piece = wg_tidx + 128 * r
+                token = piece // 8
+                row = first_row + EPILOGUE_TOKENS * rows + token
+                if row < m:
+                    col = first_col + 8 * (piece % 8)
+                    src = cute.make_tensor(  # 16-byte aligned: the staging's rows are 144 bytes apart
+                        cute.make_ptr(cutlass.Uint32, staging.iterator.toint() + (
+                            token * EPILOGUE_ROW_HALVES + 8 * (piece % 8)) * 2, cute.AddressSpace.smem,
+                                      assumed_align=16), cute.make_layout(4))
+                    dst = cute.make_tensor(  # 16-byte aligned: C's address, N a multiple of 128, col of 8
+                        cute.make_ptr(cutlass.Uint32, address + (cutlass.Int64(row) * n + col) * 2,
+                                      cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
+                    cute.autovec_copy(src, dst)
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=128)  # staging free again
 
     # -------------------------------------------------------------------------
     # Token pre-pass (its own kernel, launched before the GEMM on the same stream)

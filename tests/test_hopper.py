@@ -344,8 +344,9 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     # skip-tokens: packed B's TMA loads only (the first stages' before the wait, then the K loop's)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
     assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
-    # skip-epilogue: the MMA warps store no C (the pre-pass's vector stores stay)
-    assert count(r"st\.global\.(?:u16|b16)", base) > 0 == count(r"st\.global\.(?:u16|b16)", by_what["skip-epilogue"])
+    # skip-epilogue: the MMA warps stage and store no C (the pre-pass's vector stores stay)
+    assert count(r"st\.shared\.b16", base) > 0 == count(r"st\.shared\.b16", by_what["skip-epilogue"])
+    assert count(r"st\.global\.v4", base) > count(r"st\.global\.v4", by_what["skip-epilogue"]) > 0
     # weights-after-wait: the producer's first load follows its griddepcontrol.wait
     gemm_entry = lambda text: [e for e in re.split(r"\.entry\s", text)[1:] if "wgmma" in e][0]
     before_wait = lambda text: gemm_entry(text)[:gemm_entry(text).index("griddepcontrol.wait")]
@@ -480,3 +481,25 @@ def test_a_setting_may_name_a_schedule():
         hopper.config_from_setting("/diagonal")
     with pytest.raises(ValueError, match="expected one of"):
         hopper.config_from_setting("sm90-nonesuch/contiguous")
+
+
+def test_the_epilogue_staging_is_conflict_free_and_its_pieces_cover_it_once():
+    """Epilogue: a warp's 2-byte staging stores (thread quad lane q, row r of 8:
+    token 2 q + p + 8 j, weight column r + 8 i of its warp's 16) fall in
+    different banks for different words; the 16-byte pieces the warpgroup's
+    128 threads store cover each staged row's 64 columns once, aligned."""
+    halves = hopper.EPILOGUE_ROW_HALVES
+    for warp in range(4):
+        for i in range(2):
+            for j in range(hopper.EPILOGUE_TOKENS // 8):
+                for p in range(2):
+                    words = {((2 * (lane % 4) + p + 8 * j) * halves + 16 * warp + lane // 4 + 8 * i) * 2 // 4
+                             for lane in range(32)}
+                    assert len({w % 32 for w in words}) == len(words)  # one word per bank
+    pieces_per_thread = hopper.EPILOGUE_TOKENS * 64 // 8 // 128
+    pieces = sorted(t + 128 * r for t in range(128) for r in range(pieces_per_thread))
+    assert pieces == list(range(hopper.EPILOGUE_TOKENS * 8))
+    assert all((piece // 8 * halves + 8 * (piece % 8)) * 2 % 16 == 0 for piece in pieces)
+    assert halves >= 64
+    for config in hopper.SM90_CONFIGS.values():
+        assert config.tile_m % hopper.EPILOGUE_TOKENS == 0
