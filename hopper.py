@@ -860,6 +860,8 @@ def scheduled_by_shape(config: Sm90TileConfig):
 # The forms custom_kernel chooses among when CONFIG_ENV names none, with their measured cost of one tile per K
 # (ns; H200, docs/hopper.md "Per-shape form"): time ~ a fixed part + the busiest CTA's sum of K x cost. The
 # wider token tile costs 1.25x per tile and wins where it cuts the tiles per CTA by more (benchmark 1: 4 for 6).
+# Fitted before the quarter-row conversion and the staged epilogue; on those the measured winners are still
+# the ones it picks (192 tokens on benchmark 1: 82.4 against 88.1 us; docs/hopper.md, last section).
 SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-192x128-k64-wr": 8.30}
 
 
