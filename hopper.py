@@ -51,8 +51,8 @@ picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
 
 Warps and pipelines (`WarpRoles`, checked at import):
   warps 0-7   MMA warpgroups 0 and 1: convert B rows 64w .. 64w + 63, wgmma,
-              epilogue (direct stores of C^T's values); 232 registers each
-              (setmaxnreg)
+              epilogue (C staged through shared memory per warpgroup, then
+              16-byte stores); 232 registers each (setmaxnreg)
   warps 8-11  producer warpgroup, 40 registers each: warp 8 TMAs tokens and B
               and bulk-copies SFB, warps 9-11 only give their registers back
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
