@@ -475,7 +475,7 @@ def ptxas_report(ptx: str, arch: str, ptxas: str) -> dict:
     smem = PTXAS_SMEM.search(text)
     if not used or not spills:
         raise RuntimeError(f"unexpected ptxas output: {text[-2000:]}")
-    # several kernels (hopper.py's token pre-pass and GEMM): the most registers, all spills
+    # where a PTX file holds several kernels: the most registers, all spills
     return {"registers": max(used), "static_smem_bytes": int(smem[1]) if smem else 0,
             "stack_bytes": max(s[0] for s in spills), "spill_store_bytes": sum(s[1] for s in spills),
             "spill_load_bytes": sum(s[2] for s in spills), "kernels": len(used),

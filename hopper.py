@@ -7,15 +7,19 @@ Hopper has no FP4 tensor-core instruction, so the kernel dequantizes:
 
     C[m, n] = fp16( sum_k a(m,k) sfa(m,k/16) b(n,k) sfb(n,k/16) )
 
-Two kernels per call (the form "weights in registers"):
+One kernel per call (the form "weights in registers"), in two phases:
 
-- Token pre-pass (`convert_tokens`): every group's A (the tokens, M <= a few
-  hundred rows) once per call to fp16, scaled, into the plan's scratch after
-  its descriptor table (`scratch_address`, sized by `Sm90TileConfig.plan_words`
-  on the host). Launched once the previous kernel has ended, it lets the GEMM
-  launch (programmatic dependent launch) once its stores are issued; the GEMM
-  requests its first stages' weights at once, their tokens after its
-  griddepcontrol.wait (the pre-pass's end).
+- Tokens, once per call: after griddepcontrol.wait the MMA warps of all CTAs
+  convert every group's A (the tokens, M <= a few hundred rows) to fp16,
+  scaled, into the plan's scratch (`scratch_address`, sized by
+  `Sm90TileConfig.plan_words` on the host): each warp claims units (one row's
+  stage of tile_k K) from a counter in the plan's memory until none is left
+  and counts what it converted (`convert_token_share`). The producer requests
+  its first stages' weights at once and their tokens once every unit is
+  converted (`wait_for_tokens`). Claims, not fixed shares: no CTA waits for
+  one that has not started; the last CTA past the wait sets the counters back
+  to zero (`pass_token_counters`). Launches of one plan must be ordered (one
+  stream, or events between streams): unordered ones would share the counters.
 - GEMM, per tile of C (tile_m tokens x 128 weight rows): a producer warp
   streams the tile's fp16 tokens and packed FP4 weights B (TMA through the
   groups' descriptors, built once per input as the B200 kernel's are:
@@ -29,7 +33,7 @@ Two kernels per call (the form "weights in registers"):
   converts while the previous stage's wgmma runs. Each lane of a thread quad
   converts one quarter of its two rows' packed stage (one load per row, the
   warp's loads conflict-free), which fixes the K order within a stage
-  (`stage_k_order`) that the pre-pass stores the tokens in.
+  (`stage_k_order`) that the token conversion stores the tokens in.
 
 - The conversion: an E2M1 nibble n placed as the fp16 bit pattern
   (n & 8) << 12 | (n & 7) << 9 is value * 2^-14 (zero, subnormal 0.5 and
@@ -39,7 +43,7 @@ Two kernels per call (the form "weights in registers"):
   the epilogue multiplies the fp32 accumulator by 2^14 (exact) and rounds to
   fp16. Each packed 32-bit word (8 consecutive K) yields its fp16 pairs
   (0,4), (1,5), (2,6), (3,7) with shifts by constants (`dequant_word`). Both
-  operands (the weights' fragments and the pre-pass's tokens) hold the same
+  operands (the weights' fragments and the converted tokens) hold the same
   physical K at each of wgmma's K positions (`stage_k_order`), which leaves
   every dot product unchanged.
 
@@ -50,19 +54,21 @@ picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
 (`sm90_schedule`) measured fastest on the H200, unless CONFIG_ENV names them.
 
 Warps and pipelines (`WarpRoles`, checked at import):
-  warps 0-7   MMA warpgroups 0 and 1: convert B rows 64w .. 64w + 63, wgmma,
-              epilogue (C staged through shared memory per warpgroup, then
+  warps 0-7   MMA warpgroups 0 and 1: their share of the tokens first; then
+              convert B rows 64w .. 64w + 63, wgmma, epilogue (C staged through shared memory per warpgroup, then
               16-byte stores); 232 registers each (setmaxnreg)
   warps 8-11  producer warpgroup, 40 registers each: warp 8 TMAs tokens and B
               and bulk-copies SFB, warps 9-11 only give their registers back
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
       stage's transaction bytes) -> consumers (one arrive per MMA warp, lane 0,
       once the wgmma reading the stage is done)
+  TOKENS_READY_BARRIER (named): each MMA warp arrives once it claims no more
+      token units, the producer warp waits there before polling the count
 
 Configurations (`SM90_CONFIGS`): only forms that were the fastest on at least
 one benchmark in a measured H200 sweep (docs/hopper.md). The forms that
 dequantize both operands inside the CTA (lockstep, a B-only warpgroup, converter
-warpgroups, with and without the pre-pass) lost on every benchmark and were
+warpgroups, with and without a token pre-pass) lost on every benchmark and were
 removed after commit eae43f1, whose hopper.py has them.
 """
 import dataclasses
@@ -96,10 +102,8 @@ class Sm90TileConfig(TileConfig):
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per stage
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
-    # loads no tokens, "skip-prepass" runs no pre-pass, "skip-epilogue" stores no C; with exact
-    # results (EXACT_DIAGNOSTICS):
-    # "no-pdl", "early-release" (the pre-pass's launch_dependents first), "prepass-pdl" and
-    # "weights-after-wait" (the GEMM requests no weights before its griddepcontrol.wait).
+    # loads no tokens, "skip-token-conversion" converts no tokens (and waits for none),
+    # "skip-epilogue" stores no C; with exact results (EXACT_DIAGNOSTICS): "no-pdl".
     diagnostic: str = ""
 
     @property
@@ -110,16 +114,16 @@ class Sm90TileConfig(TileConfig):
         return Sm90GroupedGemmKernel(self)
 
     def plan_words(self, problem_sizes) -> int:
-        """The groups' descriptor table, then the token pre-pass's fp16 A of
-        every group, back to back (`scratch_address`, `group_tokens`)."""
+        """The groups' descriptor table, the token counters (COUNTER_BYTES),
+        then the converted fp16 A of every group, back to back (`scratch_address`,
+        `group_tokens`)."""
         scratch_bytes = sum(m * k * 2 for m, _, k, _ in problem_sizes)
-        return super().plan_words(problem_sizes) + ceil_div(scratch_bytes, 8)
+        return super().plan_words(problem_sizes) + COUNTER_BYTES // 8 + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-prepass", "skip-epilogue", "no-pdl", "early-release",
-               "prepass-pdl", "weights-after-wait")
+DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-token-conversion", "skip-epilogue", "no-pdl")
 # exact results: selectable by CONFIG_ENV
-EXACT_DIAGNOSTICS = ("no-pdl", "early-release", "prepass-pdl", "weights-after-wait")
+EXACT_DIAGNOSTICS = ("no-pdl",)
 # Figures: docs/hopper.md (same-run H200 timings: the default is the fastest on benchmarks 0, 2 and 3,
 # 192 tokens per tile on benchmark 1; 256 tokens per tile and 128 x 128 with 64 K per stage were the
 # fastest nowhere and were removed, as was the swizzled packed stage once the fragment loads stopped
@@ -130,25 +134,27 @@ SM90_CONFIGS = {c.name: c for c in (
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
-# Exact results: "no-pdl" launches both kernels without programmatic dependent launch,
-# "early-release" lets the GEMM launch as the pre-pass starts (not once its stores are issued),
-# "prepass-pdl" launches the pre-pass with it too (its blocks then start in the previous
-# call's GEMM's tail; on the H200 that made the pre-pass 1.5 us slower than its launch gap),
-# "weights-after-wait" requests the GEMM's first weights only after its griddepcontrol.wait.
+# Exact results: "no-pdl" launches the GEMM without programmatic dependent launch.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
                                              pdl=what != "no-pdl") for what in DIAGNOSTICS)
 
 MMA_WARPGROUPS = WEIGHT_ROWS // 64  # warpgroups 0 and 1: wgmma M = 64 each
-PREPASS_THREADS = 256  # token pre-pass: threads per block
-PREPASS_BLOCKS_PER_CTA = 4  # token pre-pass: blocks per GEMM CTA (grid-stride over 32-K chunks)
-TOKEN_CHUNK_K = 32  # token pre-pass: K per thread and chunk (4 packed words, 2 scale factors)
+# Token conversion (`convert_token_share`): a unit is one row's stage (tile_k K) of one group's A; a warp
+# claims 32 * TOKEN_UNITS_PER_LANE consecutive units at a time, each lane converting TOKEN_UNITS_PER_LANE.
+TOKEN_UNITS_PER_LANE = 2
+TOKEN_CHUNK_K = 32  # logical K per 64-byte piece of a converted unit (`token_pair`)
+# The plan's token counters (`convert_token_share`, `wait_for_tokens`, `pass_token_counters`), after its
+# descriptor table, before its scratch: one 128-byte line, each counter in its own 32-byte sector.
+COUNTER_BYTES = 128
+CLAIMED, CONVERTED, PASSED = 0, 64, 96  # byte offsets: units claimed, units converted, CTAs past the wait
+TOKENS_READY_BARRIER = 3  # named barrier: MMA warps arrive once they claim no more units, the producer waits
 NUM_REGISTER_BUFFERS = 2  # weights' fragments: one converted while the other's wgmma runs
 MAX_AB_STAGES = 8
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_RESERVED = 1024  # per CTA
 REGISTERS_PER_SM = 65536
 SCHEDULERS_PER_SM = 4  # warp schedulers, each with a quarter of the register file
-SM90_TENSORMAPS = 2  # A (the pre-pass's tokens), B: slots 0 and 1 of each group's five in the descriptor table
+SM90_TENSORMAPS = 2  # A (the converted tokens), B: slots 0 and 1 of each group's five in the descriptor table
 ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
 # Epilogue: each MMA warpgroup stages C^T's values through shared memory, EPILOGUE_TOKENS tokens at a time,
 # as rows of C (64 weight columns, 128 contiguous bytes), then stores them 16 bytes per thread.
@@ -168,13 +174,15 @@ class WarpRoles(NamedTuple):
     producer_warp: int  # the first warp of the producer warpgroup
     threads: int
     ab_consumer_arrives: int  # PipelineTmaAsync: lane 0 of each consumer warp
+    tokens_ready_threads: int  # TOKENS_READY_BARRIER: the MMA warps (arrive) and the producer warp (sync)
     b_rows: tuple  # per MMA warpgroup: (first, count) of the tile's weight rows
     producer_registers: int  # setmaxnreg: per thread of the producer warpgroup
     consumer_registers: int  # setmaxnreg: per thread of each MMA warpgroup
 
 
 WARP_ROLES = WarpRoles(4 * MMA_WARPGROUPS, 4 * MMA_WARPGROUPS, 128 * (MMA_WARPGROUPS + 1), 4 * MMA_WARPGROUPS,
-                       tuple((64 * w, 64) for w in range(MMA_WARPGROUPS)), producer_registers=40,
+                       32 * (4 * MMA_WARPGROUPS + 1), tuple((64 * w, 64) for w in range(MMA_WARPGROUPS)),
+                       producer_registers=40,
                        consumer_registers=232)
 
 
@@ -184,6 +192,10 @@ def check_sm90_warp_roles() -> None:
     roles = WARP_ROLES
     assert roles.producer_warp == roles.consumer_warps and roles.threads == 32 * (roles.consumer_warps + 4)
     assert roles.ab_consumer_arrives == roles.consumer_warps  # every consumer warp releases its stage
+    # every MMA warp arrives at the tokens' barrier, the producer warp waits there (named barriers count warps)
+    assert roles.tokens_ready_threads == 32 * (roles.consumer_warps + 1)
+    assert len({0, TOKENS_READY_BARRIER, *(EPILOGUE_BARRIER + w for w in range(MMA_WARPGROUPS))}) == \
+        2 + MMA_WARPGROUPS <= 16  # barrier 0 is the CTA's; all distinct
     covered = sorted(r for first, count in roles.b_rows for r in range(first, first + count))
     assert covered == list(range(WEIGHT_ROWS))  # every weight row converted once
     # setmaxnreg: multiples of 8 in 24 .. 256; the shares after it fit the register file, and the
@@ -193,7 +205,7 @@ def check_sm90_warp_roles() -> None:
     assert 128 * (roles.producer_registers + MMA_WARPGROUPS * roles.consumer_registers) <= REGISTERS_PER_SM
     assert roles.producer_registers <= register_budget() <= roles.consumer_registers
     for config in SM90_CONFIGS.values():
-        # the tokens are wgmma's N: a multiple of 8 up to 256; the pre-pass's 128-row items need none
+        # the tokens are wgmma's N: a multiple of 8 up to 256 (the token conversion works row by row)
         assert config.tile_n == WEIGHT_ROWS and config.tile_m % 8 == 0 and 8 <= config.tile_m <= 256, config
         assert config.tile_k in (64, 128) and K_MULTIPLE % (2 * config.tile_k) == 0, config  # stages in pairs
         assert not config.swap_ab and SF_VEC_SIZE == 16, config
@@ -264,10 +276,63 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
 
 
-def scratch_address(tensormaps: cute.Tensor, num_groups):
-    """Where a plan's scratch starts: after its (G, 5, 16) descriptor table
-    in the plan's memory (`submission.LaunchPlan`)."""
+# =============================================================================
+# Token counters: inline PTX for the CTAs' shared conversion of the tokens
+# =============================================================================
+def _asm_memory(result_type, args, ptx: str, constraints: str):
+    """Inline PTX that reads or writes memory: kept in place (side effects, a memory clobber)."""
+    clobber = "~{memory}" if not constraints else constraints + ",~{memory}"
+    return llvm.inline_asm(result_type, [a.ir_value() for a in args], ptx, clobber, has_side_effects=True,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def atomic_add_relaxed(address, value) -> cutlass.Int32:
+    """atom.add at GPU scope, relaxed: the counter's old value (claims order nothing else)."""
+    return cutlass.Int32(_asm_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address), cutlass.Int32(value)],
+                                     "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r"))
+
+
+def atomic_add_acq_rel(address, value) -> cutlass.Int32:
+    """atom.add at GPU scope, acquire and release: the counter's old value."""
+    return cutlass.Int32(_asm_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address), cutlass.Int32(value)],
+                                     "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r"))
+
+
+def add_release(address, value) -> None:
+    """red.add at GPU scope, release: what this thread wrote (and saw) before is visible to an acquire of the sum."""
+    _asm_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "red.release.gpu.global.add.u32 [$0], $1;",
+                "l,r")
+
+
+def load_acquire(address) -> cutlass.Int32:
+    """ld at GPU scope, acquire."""
+    return cutlass.Int32(_asm_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address)],
+                                     "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l"))
+
+
+def store_relaxed(address, value) -> None:
+    _asm_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "st.relaxed.gpu.global.u32 [$0], $1;", "l,r")
+
+
+def fence_generic_async_global() -> None:
+    """fence.proxy.async.global: orders this thread's generic global accesses with async-proxy ones (TMA)."""
+    _asm_memory(None, [], "fence.proxy.async.global;", "")
+
+
+def nanosleep(ns: int) -> None:
+    _asm_memory(None, [], f"nanosleep.u32 {ns};", "")
+
+
+def counters_address(tensormaps: cute.Tensor, num_groups):
+    """Where a plan's token counters are (COUNTER_BYTES): right after its
+    (G, 5, 16) descriptor table in the plan's memory (`submission.LaunchPlan`)."""
     return tensormaps.iterator.toint() + cutlass.Int64(num_groups) * (TENSORMAP_I64_PER_GROUP * 8)
+
+
+def scratch_address(tensormaps: cute.Tensor, num_groups):
+    """Where a plan's scratch (the converted tokens) starts: after its token
+    counters, 128-byte aligned."""
+    return counters_address(tensormaps, num_groups) + COUNTER_BYTES
 
 
 def token_scale_offset(row, kb, k):
@@ -289,9 +354,10 @@ def fragment_word(dr: int, t: int) -> int:
     return dr + 2 * (t % 2) + 4 * (t // 2)
 
 
-def prepass_pair(q: int, jj: int) -> int:
-    """Where the pre-pass puts pair jj of quarter q's word among a 32-K chunk's
-    16 fp16 pairs: the pair wgmma's K order (`stage_k_order`) has there."""
+def token_pair(q: int, jj: int) -> int:
+    """Where the token conversion puts pair jj of quarter q's word among a
+    32-K chunk's 16 fp16 pairs: the pair wgmma's K order (`stage_k_order`)
+    has there."""
     return 4 * jj + q
 
 
@@ -324,6 +390,18 @@ def sf_offset(row, kb):
 # =============================================================================
 # The kernel
 # =============================================================================
+class TokenWork(NamedTuple):
+    """What the token conversion reads: the plan's tables, its memory (the
+    descriptor table, then the counters and the scratch), the group count, and
+    whether the tables were complete before the launch (`plan_ready`)."""
+    problem_sizes: cute.Tensor
+    abc_ptrs: cute.Tensor
+    sf_ptrs: cute.Tensor
+    tensormaps: cute.Tensor
+    num_groups: cutlass.Int32
+    plan_ready: cutlass.Int32
+
+
 class Sm90SmemLayouts(NamedTuple):
     tokens: cute.ComposedLayout  # (tile_m, tile_k, STAGE) fp16, wgmma's K-major swizzle (TMA stages)
     b_packed: cute.Layout  # (WEIGHT_ROWS, K/2 bytes, STAGE)
@@ -341,9 +419,7 @@ class Sm90GroupedGemmKernel:
         self.packed_k_bytes = self.tile_k // 2  # per row and stage
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per stage
         self.roles = WARP_ROLES
-        # The GEMM may read the weights before its griddepcontrol.wait only where its launch follows a
-        # pre-pass launched without programmatic dependent launch (which starts once all earlier work is done).
-        self.weights_before_wait = config.diagnostic not in ("skip-prepass", "prepass-pdl", "weights-after-wait")
+        self.convert_tokens = config.diagnostic != "skip-token-conversion"
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
@@ -388,7 +464,7 @@ class Sm90GroupedGemmKernel:
     @staticmethod
     def _placeholder(dtype):
         """A (rows, K) global tensor of `dtype` from which a TMA atom is built
-        (packed B as bytes, or the pre-pass's fp16 tokens): the template the
+        (packed B as bytes, or the converted fp16 tokens): the template the
         descriptor builder fills in for each group."""
         rows, width = cutlass.Int32(128), cutlass.Int32(128)
         return cute.make_tensor(
@@ -432,6 +508,13 @@ class Sm90GroupedGemmKernel:
             (tma_atom_a, tma_atom_b),
             (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
              self.group_weights(problem_sizes, group, abc_ptrs)), tensormaps, group, staging)
+        # after write_group_tensormaps's griddepcontrol.wait (the plan's memory may have been an earlier
+        # kernel's): the token counters start at zero, and each GEMM leaves them so (`pass_token_counters`)
+        if group == 0:
+            if cute.arch.lane_idx() == 0:
+                counters = counters_address(tensormaps, num_groups)
+                for offset in (CLAIMED, CONVERTED, PASSED):  # unrolled while tracing
+                    store_relaxed(counters + offset, 0)
 
     @cute.jit
     def __call__(
@@ -463,12 +546,8 @@ class Sm90GroupedGemmKernel:
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
-        if cutlass.const_expr(self.config.diagnostic != "skip-prepass"):
-            self.convert_tokens(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready).launch(
-                grid=(1, 1, num_ctas * PREPASS_BLOCKS_PER_CTA), block=[PREPASS_THREADS, 1, 1], stream=stream,
-                use_pdl=self.config.pdl and self.config.diagnostic == "prepass-pdl")
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
-                    tensormaps, total_tiles, plan_ready).launch(
+                    tensormaps, num_groups, total_tiles, plan_ready).launch(
             grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream,
             use_pdl=self.config.pdl)
 
@@ -478,7 +557,8 @@ class Sm90GroupedGemmKernel:
     @cute.kernel
     def kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA: cute.Tensor,
                tma_atom_b: cute.CopyAtom, mB: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
-               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, total_tiles: cutlass.Int32, plan_ready: cutlass.Int32):
+               sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
+               plan_ready: cutlass.Int32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
@@ -500,18 +580,26 @@ class Sm90GroupedGemmKernel:
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
+        tokens = TokenWork(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready)
         if warp_idx >= self.roles.producer_warp:
             cute.arch.warpgroup_reg_dealloc(self.roles.producer_registers)
             if warp_idx == self.roles.producer_warp:
                 self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
-                              plan_ready, (tma_atom_a, tma_atom_b), mA, mB)
+                              tokens, (tma_atom_a, tma_atom_b), mA, mB)
         if warp_idx < self.roles.producer_warp:
             cute.arch.warpgroup_reg_alloc(self.roles.consumer_registers)
+            # A may be the previous kernel's output, C and the scratch its input
+            units = self.wait_counting_units(tokens)
+            if cutlass.const_expr(self.convert_tokens):
+                self.convert_token_share(tokens, units)
+                # this warp claims no more units: the producer may count the CTA as past the conversion
+                cute.arch.barrier_arrive(barrier_id=TOKENS_READY_BARRIER,
+                                         number_of_threads=self.roles.tokens_ready_threads)
             self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx)
 
     @cute.jit
     def group_tokens(self, problem_sizes: cute.Tensor, group, scratch):
-        """The token pre-pass's fp16 A (M, K) of `group`: groups back to back in `scratch`."""
+        """The converted fp16 A (M, K) of `group`: groups back to back in `scratch`."""
         offset = cutlass.Int64(0)
         for g in cutlass.range(0, group, 1, unroll=1):
             offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
@@ -532,11 +620,12 @@ class Sm90GroupedGemmKernel:
     # The producer warp (last warp; `WarpRoles.producer_warp`)
     # -------------------------------------------------------------------------
     @cute.jit
-    def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, plan_ready,
+    def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, tokens,
                  atoms, mA, mB):
-        """Per stage: TMA the tile's fp16 tokens (the pre-pass's, in the plan's
-        scratch) and packed B, bulk-copy its SFB; the first tile's first stages'
-        weights before griddepcontrol.wait, their tokens after it."""
+        """Per stage: TMA the tile's fp16 tokens (converted by the MMA warps of
+        all CTAs into the plan's scratch) and packed B, bulk-copy its SFB; the
+        first tile's first stages' weights as soon as griddepcontrol.wait
+        returns, their tokens once every unit of the tokens is converted."""
         tma_atom_a, tma_atom_b = atoms
         sA = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
         sB = storage.b_packed.get_tensor(layouts.b_packed)
@@ -553,27 +642,26 @@ class Sm90GroupedGemmKernel:
         # ((ATOM_V, REST_V), STAGE) destinations and their sources, for `load_stage`
         copies = (tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB)
 
-        # Launched as a programmatic dependent of the pre-pass, which itself started only once every earlier
-        # kernel had finished: only the pre-pass's fp16 tokens need this kernel's griddepcontrol.wait. Once
-        # the plan's tables and descriptors are complete (`plan_ready`), the first tile's first stages of
-        # weights are requested before it (`weights_before_wait`), their tokens after it.
-        tensormaps.fetch_early(scheduler, plan_ready)
+        # Only the plan's own tables and descriptors are read before griddepcontrol.wait, and only once they
+        # are complete (`plan_ready`): the inputs may be the previous kernel's output.
+        tensormaps.fetch_early(scheduler, tokens.plan_ready)
+        units = self.wait_counting_units(tokens)
+        # the first tile's first stages of weights, then their tokens once they are all converted
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
-        early = cutlass.Int32(0)  # stages of the first tile whose weights were requested before the wait
-        if cutlass.const_expr(self.weights_before_wait):
-            if plan_ready != 0:
-                if scheduler.has_work():
-                    first = scheduler.current()
-                    sfb_first = self.sfb_tile_address(first, problem_sizes, sf_ptrs)
-                    early = first.k_tiles
-                    if early > self.num_ab_stages:
-                        early = cutlass.Int32(self.num_ab_stages)
-                    for k_tile in cutlass.range(0, early, 1, unroll=1):
-                        ab_pipeline.producer_acquire(state)
-                        self.load_stage("weights", copies, first, k_tile, ab_pipeline.producer_get_barrier(state),
-                                        state.index, tensormaps, sfb_first)
-                        state.advance()
-        cute.arch.griddepcontrol_wait()
+        early = cutlass.Int32(0)
+        if scheduler.has_work():
+            first = scheduler.current()
+            sfb_first = self.sfb_tile_address(first, problem_sizes, sf_ptrs)
+            early = first.k_tiles
+            if early > self.num_ab_stages:
+                early = cutlass.Int32(self.num_ab_stages)
+            for k_tile in cutlass.range(0, early, 1, unroll=1):
+                ab_pipeline.producer_acquire(state)
+                self.load_stage("weights", copies, first, k_tile, ab_pipeline.producer_get_barrier(state),
+                                state.index, tensormaps, sfb_first)
+                state.advance()
+        if cutlass.const_expr(self.convert_tokens):
+            self.wait_for_tokens(tokens, units)
         if early > 0:
             first = scheduler.current()
             token_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
@@ -584,7 +672,7 @@ class Sm90GroupedGemmKernel:
                 token_state.advance()
         while scheduler.has_work():
             work = scheduler.current()
-            tensormaps.fetch_ahead(work, scheduler, plan_ready)
+            tensormaps.fetch_ahead(work, scheduler, tokens.plan_ready)
             sfb_tile = self.sfb_tile_address(work, problem_sizes, sf_ptrs)
             for k_tile in cutlass.range(early, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
@@ -596,6 +684,8 @@ class Sm90GroupedGemmKernel:
             early = cutlass.Int32(0)
             scheduler.advance()
         cute.arch.griddepcontrol_launch_dependents()  # the last loads are issued: the next kernel may start
+        if cutlass.const_expr(self.convert_tokens):
+            self.pass_token_counters(tokens)
         ab_pipeline.producer_tail(state)
 
     @staticmethod
@@ -606,7 +696,7 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def load_stage(self, what: cutlass.Constexpr, copies, work, k_tile, barrier, stage, tensormaps, sfb_tile):
-        """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the pre-pass's scratch) or its
+        """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the plan's scratch) or its
         "weights" (packed B by TMA, SFB by a bulk copy from `sfb_tile`, `sfb_tile_address`), arriving on
         `barrier`."""
         tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
@@ -635,7 +725,7 @@ class Sm90GroupedGemmKernel:
         quarter of each row's packed stage (one 16- or 8-byte load; the 32 lanes
         of a warp read 8 consecutive rows, hence consecutive bytes: no bank
         conflicts) and puts pair t of it where `fragment_word` says, which is
-        wgmma's K order of `stage_k_order`; the pre-pass stores the tokens in
+        wgmma's K order of `stage_k_order`; the token conversion stores the tokens in
         the same order."""
         blocks = cute.recast_tensor(s_packed[(None, None, stage)], cutlass.Uint64)  # (rows, tile_k / 16)
         # the scale factors of a row's four 16-K blocks of one 64-K block are 4 consecutive bytes
@@ -679,7 +769,6 @@ class Sm90GroupedGemmKernel:
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
-        cute.arch.griddepcontrol_wait()  # C is written only once the previous kernel has finished
         while scheduler.has_work():
             work = scheduler.current()
             # the epilogue's table entries, read now: their DRAM round trip (the tables leave the L2 between
@@ -753,83 +842,157 @@ class Sm90GroupedGemmKernel:
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=128)  # staging free again
 
     # -------------------------------------------------------------------------
-    # Token pre-pass (its own kernel, launched before the GEMM on the same stream)
+    # The tokens: converted once per call by the MMA warps of all CTAs
     # -------------------------------------------------------------------------
-    @cute.kernel
-    def convert_tokens(self, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor,
-                       tensormaps: cute.Tensor, num_groups: cutlass.Int32, plan_ready: cutlass.Int32):
-        """A of every group to fp16 in the conversion's K order and scaled as
-        `dequant_word` does, into the scratch (`group_tokens`). Chunks of 32 K
-        of one row (16 bytes in, 64 out), numbered group by group, row-major;
-        thread t of the grid takes chunks t, t + threads, ... (consecutive
-        threads, consecutive chunks: coalesced). It lets the GEMM launch
-        (programmatic dependent launch) once its stores are issued
-        ("early-release": at once): the GEMM waits for this grid's end before its
-        first copy. Itself launched after the previous kernel has ended
-        (but for "prepass-pdl"), it still reads the plan's sizes before its
-        wait only when they are complete (`plan_ready`), anything else past it."""
-        if cutlass.const_expr(self.config.diagnostic == "early-release"):
-            cute.arch.griddepcontrol_launch_dependents()
-        tidx, _, _ = cute.arch.thread_idx()
-        _, _, bidz = cute.arch.block_idx()
-        _, _, grid_z = cute.arch.grid_dim()
-        scratch = scratch_address(tensormaps, num_groups)
-        chunks_of = lambda m, k: m * (k // TOKEN_CHUNK_K)  # chunks of a group
-        total = cutlass.Int32(0)
-        if plan_ready != 0:
-            for g in cutlass.range(0, num_groups, 1, unroll=1):
-                total += chunks_of(problem_sizes[g, 0], problem_sizes[g, 2])
-        cute.arch.griddepcontrol_wait()
-        if plan_ready == 0:
-            for g in cutlass.range(0, num_groups, 1, unroll=1):
-                total += chunks_of(problem_sizes[g, 0], problem_sizes[g, 2])
-        chunk = bidz * PREPASS_THREADS + tidx
-        group = cutlass.Int32(0)
-        group_first = cutlass.Int32(0)
-        offset = cutlass.Int64(0)  # bytes of fp16 A before this group's
-        while chunk < total:
-            m = problem_sizes[group, 0]
-            k = problem_sizes[group, 2]
-            while chunk >= group_first + chunks_of(m, k):
-                group_first += chunks_of(m, k)
-                offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
-                group += 1
-                m = problem_sizes[group, 0]
-                k = problem_sizes[group, 2]
-            local = chunk - group_first
-            row = local // (k // TOKEN_CHUNK_K)
-            k0 = local % (k // TOKEN_CHUNK_K) * TOKEN_CHUNK_K
-            self.convert_token_chunk(abc_ptrs[group, 0], sf_ptrs[group, 0], scratch + offset, row, k0, k)
-            chunk += grid_z * PREPASS_THREADS
-        if cutlass.const_expr(self.config.diagnostic != "early-release"):
-            cute.arch.griddepcontrol_launch_dependents()
+    @cute.jit
+    def token_units(self, tokens: TokenWork):
+        """Units of the token conversion, every group's: one per row and stage (tile_k K) of A."""
+        units = cutlass.Int32(0)
+        for g in cutlass.range(0, tokens.num_groups, 1, unroll=1):
+            units += tokens.problem_sizes[g, 0] * (tokens.problem_sizes[g, 2] // self.tile_k)
+        return units
 
     @cute.jit
-    def convert_token_chunk(self, a_address, sfa_address, out_address, row, k0, k):
-        """Logical K k0 .. k0 + 31 (`stage_k_order`) of A's `row`: word g =
-        (k0 % tile_k) / 32 of each of the 4 quarters of its stage's packed row
-        and their scale factors in, 16 fp16 pairs (64 bytes) out: pair jj of
-        quarter q's word goes to pair 4 jj + q (`prepass_pair`)."""
+    def wait_counting_units(self, tokens: TokenWork):
+        """griddepcontrol.wait; the token units (`token_units`), counted before
+        it where the tables were complete before this launch (`plan_ready`:
+        their DRAM round trip overlaps the previous kernel), else after it."""
+        units = cutlass.Int32(0)
+        if tokens.plan_ready != 0:
+            units = self.token_units(tokens)
+        cute.arch.griddepcontrol_wait()
+        if tokens.plan_ready == 0:
+            units = self.token_units(tokens)
+        return units
+
+    @cute.jit
+    def convert_token_share(self, tokens: TokenWork, units):
+        """An MMA warp's part of the token conversion: it claims 32
+        TOKEN_UNITS_PER_LANE consecutive units at a time (CLAIMED) until none
+        is left, converts them (`convert_token_units`) and adds them to
+        CONVERTED (release, after each lane's proxy fence: the producers read
+        the scratch by TMA). Claims, not shares: a CTA that starts late (its SM
+        still busy with an earlier kernel) leaves its part to the running ones,
+        and no CTA waits for one that has not started."""
+        counters = counters_address(tokens.tensormaps, tokens.num_groups)
+        per_claim = 32 * TOKEN_UNITS_PER_LANE
+        first = self.claim_token_units(counters, per_claim)
+        while first < units:
+            self.convert_token_units(tokens, first, units)
+            fence_generic_async_global()
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
+                count = units - first
+                if count > per_claim:
+                    count = cutlass.Int32(per_claim)
+                add_release(counters + CONVERTED, count)
+            first = self.claim_token_units(counters, per_claim)
+
+    @cute.jit
+    def claim_token_units(self, counters, count: int):
+        """The first of `count` units this warp claims (lane 0's atomic, broadcast)."""
+        first = cutlass.Int32(0)
+        if cute.arch.lane_idx() == 0:
+            first = atomic_add_relaxed(counters + CLAIMED, count)
+        return cute.arch.shuffle_sync(first, 0)
+
+    @cute.jit
+    def convert_token_units(self, tokens: TokenWork, first, units):
+        """Lane l converts units first + l + 32 i (i < TOKEN_UNITS_PER_LANE, those
+        below `units`): one row's stage of packed A (tile_k / 2 bytes: its 4
+        quarters, one vector load each) and its scale factors (a word per 64 K)
+        in; tile_k fp16 in wgmma's K order (`stage_k_order`), scaled as
+        `dequant_word` does, out to the scratch (`group_tokens`): 32-K piece g
+        holds word g of each quarter q, pair jj of it at `token_pair(q, jj)`.
+        All loads first, then the conversions and stores."""
         words = lane_words(self.tile_k)
-        stage_k = k0 - k0 % self.tile_k
-        g = k0 % self.tile_k // TOKEN_CHUNK_K
-        row_bytes = cutlass.Int64(row) * (k // 2)
-        out = cute.make_rmem_tensor((16,), cutlass.Uint32)
-        for q in cutlass.range_constexpr(4):
-            word = q * words + g  # physical K stage_k + 8 word .. + 7
-            src = cute.make_tensor(
-                cute.make_ptr(cutlass.Uint32, a_address + row_bytes + (stage_k + 8 * word) // 2,
-                              cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))
-            scale_byte = cute.make_tensor(
-                cute.make_ptr(cutlass.Uint8, sfa_address + token_scale_offset(row, (stage_k + 8 * word) // 16, k),
-                              cute.AddressSpace.gmem, assumed_align=1), cute.make_layout(1))
-            pairs = dequant_word(src[0], scale_f16x2(cutlass.Uint32(scale_byte[0]), 0))
-            for jj in cutlass.range_constexpr(4):
-                out[prepass_pair(q, jj)] = pairs[jj]
-        dst = cute.make_tensor(
-            cute.make_ptr(cutlass.Uint32, out_address + (cutlass.Int64(row) * k + k0) * 2, cute.AddressSpace.gmem,
-                          assumed_align=16), cute.make_layout(16))
-        cute.autovec_copy(out, dst)
+        lane = cute.arch.lane_idx()
+        scratch = scratch_address(tokens.tensormaps, tokens.num_groups)
+        loaded = []
+        for i in cutlass.range_constexpr(TOKEN_UNITS_PER_LANE):
+            unit = first + lane + 32 * i
+            if unit >= units:  # past the last unit: load the last one again, store nothing
+                unit = units - 1
+            packed, sfa, out = self.locate_token_unit(tokens, scratch, unit)
+            quarters = [cute.make_rmem_tensor((words,), cutlass.Uint32) for _ in range(4)]
+            for q in cutlass.range_constexpr(4):
+                cute.autovec_copy(cute.make_tensor(
+                    cute.make_ptr(cutlass.Uint32, packed + q * words * 4, cute.AddressSpace.gmem,
+                                  assumed_align=4 * words), cute.make_layout(words)), quarters[q])
+            scale_words = cute.make_rmem_tensor((self.tile_k // 64,), cutlass.Uint32)
+            for b in cutlass.range_constexpr(self.tile_k // 64):  # the scale factors of a row's 64 K: 4 bytes
+                scale_words[b] = cute.make_tensor(
+                    cute.make_ptr(cutlass.Uint32, sfa + b * SF_BLOCK_BYTES, cute.AddressSpace.gmem, assumed_align=4),
+                    cute.make_layout(1))[0]
+            loaded.append((quarters, scale_words, out))
+        for i in cutlass.range_constexpr(TOKEN_UNITS_PER_LANE):
+            quarters, scale_words, out = loaded[i]
+            scales = [scale_f16x2(scale_words[b // 4], b % 4) for b in range(self.tile_k // 16)]
+            if first + lane + 32 * i < units:
+                for g in cutlass.range_constexpr(words):
+                    piece = cute.make_rmem_tensor((16,), cutlass.Uint32)
+                    for q in cutlass.range_constexpr(4):
+                        word = q * words + g  # physical K 8 word .. 8 word + 7 of the stage
+                        pairs = dequant_word(quarters[q][g], scales[word // 2])
+                        for jj in cutlass.range_constexpr(4):
+                            piece[token_pair(q, jj)] = pairs[jj]
+                    cute.autovec_copy(piece, cute.make_tensor(
+                        cute.make_ptr(cutlass.Uint32, out + g * 64, cute.AddressSpace.gmem, assumed_align=16),
+                        cute.make_layout(16)))
+
+    @cute.jit
+    def locate_token_unit(self, tokens: TokenWork, scratch, unit):
+        """Unit `unit` (numbered group by group, row-major over (row, stage)):
+        the addresses of its packed A, of its first 64 K's scale factors in the
+        reordered SFA (the next 64 K's are SF_BLOCK_BYTES further), and of its
+        fp16 in the scratch."""
+        problem_sizes = tokens.problem_sizes
+        group = cutlass.Int32(0)
+        group_first = cutlass.Int32(0)  # the group's first unit
+        offset = cutlass.Int64(0)  # bytes of fp16 A before the group's
+        m = problem_sizes[0, 0]
+        k = problem_sizes[0, 2]
+        while unit >= group_first + m * (k // self.tile_k):
+            group_first += m * (k // self.tile_k)
+            offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
+            group += 1
+            m = problem_sizes[group, 0]
+            k = problem_sizes[group, 2]
+        local = unit - group_first
+        row = local // (k // self.tile_k)
+        stage_k = local % (k // self.tile_k) * self.tile_k
+        packed = tokens.abc_ptrs[group, 0] + cutlass.Int64(row) * (k // 2) + stage_k // 2
+        sfa = tokens.sf_ptrs[group, 0] + token_scale_offset(row, stage_k // 16, k)
+        out = scratch + offset + (cutlass.Int64(row) * k + stage_k) * 2
+        return packed, sfa, out
+
+    @cute.jit
+    def wait_for_tokens(self, tokens: TokenWork, units):
+        """The producer's wait before its first token load: this CTA's MMA warps
+        have claimed their last units (TOKENS_READY_BARRIER), then every unit
+        is converted (CONVERTED, acquire), then the proxy fence that orders
+        those generic stores before this thread's TMA reads."""
+        cute.arch.barrier(barrier_id=TOKENS_READY_BARRIER, number_of_threads=self.roles.tokens_ready_threads)
+        counters = counters_address(tokens.tensormaps, tokens.num_groups)
+        converted = load_acquire(counters + CONVERTED)
+        while converted < units:
+            nanosleep(100)
+            converted = load_acquire(counters + CONVERTED)
+        fence_generic_async_global()
+
+    @cute.jit
+    def pass_token_counters(self, tokens: TokenWork):
+        """The producer, past its wait for the tokens: the CTA counts itself in
+        PASSED; the last CTA to do so (every CTA's MMA warps have stopped
+        claiming and every producer has stopped reading CONVERTED) sets the
+        three counters back to zero for the next launch, which reads them only
+        after its griddepcontrol.wait, hence after this grid's end."""
+        if cute.arch.lane_idx() == 0:
+            _, _, num_ctas = cute.arch.grid_dim()
+            counters = counters_address(tokens.tensormaps, tokens.num_groups)
+            if atomic_add_acq_rel(counters + PASSED, 1) == num_ctas - 1:
+                for offset in (CLAIMED, CONVERTED, PASSED):  # unrolled while tracing
+                    store_relaxed(counters + offset, 0)
 
 
 # =============================================================================

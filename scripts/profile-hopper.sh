@@ -3,7 +3,7 @@
 #   1. with SWEEP=1, `eval.py sweep --only wr --diagnose` first: every weights-in-registers form, each
 #      checked against the reference, and the default's timing diagnostics, against grouped_mm;
 #   2. ncu (full set, details printed) on custom_kernel's choice ($NVFP4_SM90_CONFIG or hopper.sm90_choice),
-#      benchmarks ${PROFILE_CASES:-0 3}: one token pre-pass and one GEMM launch each, past the check's
+#      benchmarks ${PROFILE_CASES:-0 3}: two GEMM launches each (tokens converted inside), past the check's
 #      and the first timing calls' launches. Stall reasons: "Warp Stall Sampling" in each kernel's
 #      Source Counters section.
 # Usage, from the repository root: OUT=... bash scripts/profile-hopper.sh       (carry .cutedsl)
@@ -24,11 +24,11 @@ if [ ! -x "$ncu" ]; then
 fi
 for case in ${PROFILE_CASES:-0 3}; do
   echo "=== ncu, benchmark $case"
-  # the pre-pass and the GEMM alternate (the descriptor builder, once per plan, is left out)
-  timeout 300 "$ncu" --clock-control none -k "regex:(convert_tokens|cutlass_kernel_hopper)" --launch-skip 20 \
+  # GEMM launches only (the descriptor builder, once per plan, is left out)
+  timeout 300 "$ncu" --clock-control none -k "regex:cutlass_kernel_hopper" --launch-skip 20 \
       --launch-count 2 --set full --print-details all \
       python3 -W ignore eval.py benchmarks --case "$case" > "$OUT/ncu-benchmark$case.txt" 2>&1 || status=1
-  grep -E "^  (kernel|convert)|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|issue_stalled_(long_scoreboard|wait|dispatch_stall|selected|barrier|math_pipe_throttle|mio_throttle|short_scoreboard) " \
+  grep -E "^  kernel|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|issue_stalled_(long_scoreboard|wait|dispatch_stall|selected|barrier|math_pipe_throttle|mio_throttle|short_scoreboard) " \
       "$OUT/ncu-benchmark$case.txt" | cut -c1-140 | head -60
 done
 exit $status

@@ -55,8 +55,8 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
         assert 0 < kernel["dynamic_smem_bytes"] <= hopper.SMEM_CAPACITY
         assert kernel["tile_k"] == config.tile_k
         assert kernel["direct_host_arguments"] is True
-        # two entry points: the token pre-pass, then the GEMM
-        assert kernel["kernels"] == 2
+        # one entry point: the GEMM, whose MMA warps convert the tokens
+        assert kernel["kernels"] == 1
     expected = [[[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])]
                 for c in TEST_CASES + BENCHMARK_CASES]
     plans = report["shape_sets"]
@@ -82,33 +82,55 @@ def test_ptx_has_the_designed_instructions(report, name):
     assert len(wgmma) == hopper.NUM_REGISTER_BUFFERS * config.tile_k // 16
     assert all(re.search(r"\},\s*\{", w) for w in wgmma), wgmma[0]
     # fp16 tokens by TMA in 128-byte swizzle boxes (one copy per 64 K) and packed B through
-    # per-CTA descriptors; SFB by bulk copy; the pre-pass stores fp16 A, 64 bytes per chunk, and
-    # lets the GEMM launch early, whose producer waits for it
+    # per-CTA descriptors; SFB by bulk copy
     designed = config.tile_k // 64 + 1
-    # Each stage's loads appear twice: in the producer's K loop, and split around its griddepcontrol.wait
-    # (the first stages' weights, B and SFB, before it; their tokens after it). DSL 4.5.2 unrolls the
-    # loops despite unroll=1 (its PTX repeats a body with k_tile + 1, + 2, ...), so there the loads only
-    # keep their proportion; 4.8.1 emits one body each.
+    # Each stage's loads appear twice: in the producer's K loop, and split around its wait for the
+    # converted tokens (the first stages' weights, B and SFB, before it; their tokens after it). DSL 4.5.2
+    # unrolls the loops despite unroll=1 (its PTX repeats a body with k_tile + 1, + 2, ...), so there the
+    # loads only keep their proportion; 4.8.1 emits one body each.
     bodies = 2 if kernel["cutlass_dsl"].startswith("4.8") else features["bulk_copy_load"]
     assert bodies >= 2
     assert features["tma_load"] == designed * bodies
     assert features["bulk_copy_load"] == bodies
-    (gemm,) = [entry for entry in re.split(r"\.entry\s", ptx)[1:] if "wgmma" in entry]
+    (gemm,) = re.split(r"\.entry\s", ptx)[1:]
+    # programmatic dependent launch: the producer and the MMA warps read nothing of the inputs before their
+    # griddepcontrol.wait; the producer releases the next kernel after its last loads
+    assert features["pdl_launch_dependents"] == 1 and features["pdl_wait"] == 2
     before_wait = gemm[:gemm.index("griddepcontrol.wait")]  # the producer's wait comes first
-    assert len(re.findall(eval_module.PTX_FEATURES["tma_load"], before_wait)) == 1  # B only, no tokens
-    assert len(re.findall(eval_module.PTX_FEATURES["bulk_copy_load"], before_wait)) == 1  # SFB
-    assert len(re.findall(r"st\.global\.v4", ptx)) >= 4
-    # programmatic dependent launch: the pre-pass and the GEMM's producer release the next kernel;
-    # the pre-pass, the producer and the MMA warps wait before touching global memory
-    assert features["pdl_launch_dependents"] == 2 and features["pdl_wait"] == 3
+    assert not re.search(eval_module.PTX_FEATURES["tma_load"], before_wait)
+    assert not re.search(eval_module.PTX_FEATURES["bulk_copy_load"], before_wait)
+    # the token conversion: MMA warps claim units (relaxed atomics), store them 16 bytes at a time, fence
+    # them for the async proxy and count them (release); the producer waits at the tokens' barrier for its
+    # CTA's MMA warps, polls the count (acquire), fences, then loads tokens; it counts its CTA as past, and
+    # the last CTA sets the three counters back to zero
+    producer, mma = gemm[:gemm.rindex("griddepcontrol.wait")], gemm[gemm.rindex("griddepcontrol.wait"):]
+    # (DSL 4.5.2 puts a named barrier's id and count in registers; 4.8.1 writes them out)
+    tokens_barrier = rf"(?:{hopper.TOKENS_READY_BARRIER}|%r\d+), (?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);"
+    assert len(re.findall(r"atom\.relaxed\.gpu\.global\.add\.u32", mma)) >= 1
+    assert len(re.findall(r"red\.release\.gpu\.global\.add\.u32", mma)) == 1
+    assert re.search(rf"fence\.proxy\.async\.global;(?:(?!st\.global).)*red\.release", mma, re.S)
+    assert len(re.findall(rf"bar\.arrive\s+{tokens_barrier}", mma)) == 1
+    conversion = mma[mma.index("atom.relaxed.gpu"):mma.index("bar.arrive")]
+    # each lane's units: tile_k fp16 each, in 16-byte stores
+    assert len(re.findall(r"st\.global\.v4", conversion)) == hopper.TOKEN_UNITS_PER_LANE * config.tile_k * 2 // 16
+    tokens_wait = re.search(rf"bar\.sync\s+{tokens_barrier}(.*?)"
+                            r"fence\.proxy\.async\.global;(.*)", producer, re.S)
+    assert tokens_wait and "ld.acquire.gpu.global.u32" in tokens_wait.group(1)
+    assert re.search(eval_module.PTX_FEATURES["tma_load"], tokens_wait.group(2))  # the tokens' loads follow
+    assert len(re.findall(r"atom\.acq_rel\.gpu\.global\.add\.u32", producer)) == 1
+    assert len(re.findall(r"st\.relaxed\.gpu\.global\.u32", producer)) == 3
     # descriptors built once per input (the builder), only acquired and prefetched in the GEMM:
     # the first group's by the producer before its wait (plan ready) and after it, then a tile ahead
     assert features["tensormap_replace"] == features["tensormap_release"] == 0
     assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 3 * hopper.SM90_TENSORMAPS
-    assert features["acquires_before_waits"] == [0, hopper.SM90_TENSORMAPS, 0]  # pre-pass, producer, MMA warps
+    assert features["acquires_before_waits"] == [hopper.SM90_TENSORMAPS, 0]  # producer, MMA warps
     built = kernel["builder_ptx_features"]
     assert built["tensormap_replace"] > 0 and built["tensormap_release"] == hopper.SM90_TENSORMAPS
     assert built["pdl_wait"] == 1 and kernel["builder_spill_bytes"] == 0
+    # the builder zeroes the plan's three token counters after its wait
+    with open(kernel["builder_ptx_file"]) as f:
+        builder = f.read()
+    assert len(re.findall(r"st\.relaxed\.gpu\.global\.u32", builder[builder.index("griddepcontrol.wait"):])) == 3
     # E4M3 scales converted in pairs; no thread writes an fp16 operand to shared memory;
     # the weights read with 8-byte loads
     assert features["e4m3_to_f16x2"] >= 1
@@ -331,35 +353,25 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     by_what = {c.diagnostic: ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
     # no-pdl (exact results): the same device code, launched without programmatic dependent launch (host side)
     assert by_what.pop("no-pdl") == base
-    # prepass-pdl: the pre-pass's launch attribute, and (its GEMM may then start before earlier kernels
-    # end) the GEMM requests no weights before its wait, as weights-after-wait
-    assert by_what.pop("prepass-pdl") == by_what["weights-after-wait"]
     for what, text in by_what.items():
         assert text != base, what
     conversion = r"mul\.rn\.f16x2"
-    # skip-convert: the weights' conversion goes (the pre-pass still converts the tokens)
+    # skip-convert: the weights' conversion goes (the tokens' stays)
     assert 0 < count(conversion, by_what["skip-convert"]) < count(conversion, base)
     # skip-mma: no wgmma
     assert count(r"wgmma\.mma_async", base) > 0 == count(r"wgmma\.mma_async", by_what["skip-mma"])
-    # skip-tokens: packed B's TMA loads only (the first stages' before the wait, then the K loop's)
+    # skip-tokens: packed B's TMA loads only (the first stages', then the K loop's)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
     assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
-    # skip-epilogue: the MMA warps stage and store no C (the pre-pass's vector stores stay)
+    # skip-epilogue: the MMA warps stage and store no C (the token conversion's vector stores stay)
     assert count(r"st\.shared\.b16", base) > 0 == count(r"st\.shared\.b16", by_what["skip-epilogue"])
     assert count(r"st\.global\.v4", base) > count(r"st\.global\.v4", by_what["skip-epilogue"]) > 0
-    # weights-after-wait: the producer's first load follows its griddepcontrol.wait
-    gemm_entry = lambda text: [e for e in re.split(r"\.entry\s", text)[1:] if "wgmma" in e][0]
-    before_wait = lambda text: gemm_entry(text)[:gemm_entry(text).index("griddepcontrol.wait")]
-    assert count(tma, before_wait(base)) == 1 and count(tma, before_wait(by_what["weights-after-wait"])) == 0
-    # skip-prepass: the pre-pass kernel is not launched: its entry and its early-launch signal go
-    # (the GEMM's producer still releases the next kernel)
-    assert count(r"\.entry ", base) == 2 and count(r"griddepcontrol\.launch_dependents", base) == 2
-    assert count(r"\.entry ", by_what["skip-prepass"]) == 1
-    assert count(r"griddepcontrol\.launch_dependents", by_what["skip-prepass"]) == 1
-    # the pre-pass signals the GEMM after its conversion loop (its last store); early-release first
-    first_signal = lambda text: re.search(r"\.entry\s(?:(?!\.entry\s).)*?griddepcontrol\.(\w+)", text, re.S).group(1)
-    assert first_signal(base) == "wait" and first_signal(by_what["early-release"]) == "launch_dependents"
-    assert count(r"griddepcontrol\.launch_dependents", by_what["early-release"]) == 2
+    # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier; the weights' conversion stays
+    skipped = by_what["skip-token-conversion"]
+    for pattern in (r"\batom\.", r"\bred\.", r"ld\.acquire", r"st\.relaxed", r"fence\.proxy\.async\.global",
+                    rf"bar\.arrive\s+{hopper.TOKENS_READY_BARRIER},"):
+        assert count(pattern, base) > 0 == count(pattern, skipped), pattern
+    assert 0 < count(conversion, skipped) < count(conversion, base)
     assert config_setting_names() >= {f"{hopper.SM90_CONFIG.name}-{w}" for w in hopper.EXACT_DIAGNOSTICS}
 
 
@@ -376,19 +388,25 @@ def config_setting_names():
     return accepted
 
 
-def test_a_plan_owns_its_descriptor_table_and_the_token_prepass_scratch():
+def test_a_plan_owns_its_descriptor_table_token_counters_and_scratch():
     import submission
     sizes = ((80, 256, 512, 1), (300, 128, 256, 1))
     table_words = 2 * submission.TENSORMAP_I64_PER_GROUP  # (G, 5, 16) Int64
+    # the counters: one 128-byte line after the table, each in its own 32-byte sector; the scratch after them
+    assert hopper.COUNTER_BYTES == 128
+    offsets = (hopper.CLAIMED, hopper.CONVERTED, hopper.PASSED)
+    assert len({o // 32 for o in offsets}) == 3 and all(o % 4 == 0 and o < hopper.COUNTER_BYTES for o in offsets)
     for config in hopper.SM90_CONFIGS.values():
-        assert config.plan_words(sizes) == table_words + (80 * 512 + 300 * 256) * 2 // 8
+        assert config.plan_words(sizes) == table_words + 128 // 8 + (80 * 512 + 300 * 256) * 2 // 8
         assert submission.shape_plan(sizes, -1, 132, config).plan_words == config.plan_words(sizes)
     for config in submission.TILE_CONFIGS.values():  # the B200 kernel: the descriptor table only
         assert config.plan_words(sizes) == table_words
 
 
-def test_the_token_prepass_addresses_each_scale_factor_in_the_blocked_layout():
-    """convert_token_chunk: the scale factor of row `row` and 16-K block kb of A."""
+def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout():
+    """locate_token_unit: the scale factor of row `row` and 16-K block kb of A
+    (`token_scale_offset`); convert_token_units reads a row's 4 scale factors of
+    a 64-K block as one word, the next 64 K's SF_BLOCK_BYTES further."""
     from reference import generate_input
     m, n, k = 300, 128, 1024
     data = generate_input((m,), (n,), (k,), 1, seed=11, device="cpu")
@@ -397,6 +415,11 @@ def test_the_token_prepass_addresses_each_scale_factor_in_the_blocked_layout():
     for row in (0, 5, 31, 32, 127, 128, 200, 299):
         for kb in range(k // 16):
             assert blocked[hopper.token_scale_offset(row, kb, k)] == sfa_plain[row, kb], (row, kb)
+            first = hopper.token_scale_offset(row, kb - kb % 4, k)
+            assert first % 4 == 0 and hopper.token_scale_offset(row, kb, k) == first + kb % 4
+            if kb % 8 < 4:  # a 128-K stage's second scale word
+                assert hopper.token_scale_offset(row, kb + 4, k) == hopper.token_scale_offset(row, kb, k) + \
+                    hopper.SF_BLOCK_BYTES
 
 
 def test_the_configuration_setting():
@@ -434,11 +457,11 @@ def test_sweep_picks_configurations_by_name():
 
 
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
-def test_the_prepass_stores_the_tokens_in_the_k_order_the_weights_fragments_have(tile_k):
+def test_the_token_conversion_stores_the_tokens_in_the_k_order_the_weights_fragments_have(tile_k):
     """Both operands of wgmma must hold the same physical K at each logical K:
     the weights as dequantize_a_fragment places them (`stage_k_order`), the
-    tokens as convert_token_chunk stores them (chunk g of a stage: word
-    q * lane_words + g of quarter q, its pair jj at `prepass_pair`)."""
+    tokens as convert_token_units stores them (chunk g of a stage: word
+    q * lane_words + g of quarter q, its pair jj at `token_pair`)."""
     order = hopper.stage_k_order(tile_k)
     assert sorted(order) == list(range(tile_k))  # a permutation of the stage's K
     words = hopper.lane_words(tile_k)
@@ -447,7 +470,7 @@ def test_the_prepass_stores_the_tokens_in_the_k_order_the_weights_fragments_have
         for q in range(4):
             word = q * words + g
             for jj in range(4):
-                pair = 16 * g + hopper.prepass_pair(q, jj)  # fp16 pair index within the stage's row
+                pair = 16 * g + hopper.token_pair(q, jj)  # fp16 pair index within the stage's row
                 for p in range(2):
                     assert stored[2 * pair + p] is None
                     stored[2 * pair + p] = 8 * word + jj + 4 * p
