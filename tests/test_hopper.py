@@ -392,12 +392,12 @@ def test_a_plan_owns_its_descriptor_table_token_counters_and_scratch():
     import submission
     sizes = ((80, 256, 512, 1), (300, 128, 256, 1))
     table_words = 2 * submission.TENSORMAP_I64_PER_GROUP  # (G, 5, 16) Int64
-    # the counters: one 128-byte line after the table, each in its own 32-byte sector; the scratch after them
-    assert hopper.COUNTER_BYTES == 128
+    # the counters after the table, each on its own 128-byte line; the scratch after them, 128-byte aligned
     offsets = (hopper.CLAIMED, hopper.CONVERTED, hopper.PASSED)
-    assert len({o // 32 for o in offsets}) == 3 and all(o % 4 == 0 and o < hopper.COUNTER_BYTES for o in offsets)
+    assert sorted({o // 128 for o in offsets}) == [0, 1, 2] and all(o % 4 == 0 for o in offsets)
+    assert hopper.COUNTER_BYTES == 3 * 128
     for config in hopper.SM90_CONFIGS.values():
-        assert config.plan_words(sizes) == table_words + 128 // 8 + (80 * 512 + 300 * 256) * 2 // 8
+        assert config.plan_words(sizes) == table_words + 3 * 128 // 8 + (80 * 512 + 300 * 256) * 2 // 8
         assert submission.shape_plan(sizes, -1, 132, config).plan_words == config.plan_words(sizes)
     for config in submission.TILE_CONFIGS.values():  # the B200 kernel: the descriptor table only
         assert config.plan_words(sizes) == table_words
