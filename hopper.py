@@ -52,6 +52,11 @@ kernel's scheduler (`submission.TileScheduler`), on the same run-time tables
 and host path (`submission.GroupedGemmLauncher`). Per shape set custom_kernel
 picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
 (`sm90_schedule`) measured fastest on the H200, unless CONFIG_ENV names them.
+A pair form (cta_group 2, not yet timed, CONFIG_ENV only) runs each tile of
+128 tokens x 256 weight rows on a (2,1,1) cluster: each CTA converts and
+multiplies its 128 weight rows, and loads half of each token stage into both
+CTAs (TMA multicast), so that the tokens, four fifths of a CTA's bytes per
+stage, are read from the L2 once per pair.
 
 Warps and pipelines (`WarpRoles`, checked at import):
   warps 0-7   MMA warpgroups 0 and 1: their share of the tokens first; then
@@ -61,7 +66,8 @@ Warps and pipelines (`WarpRoles`, checked at import):
               and bulk-copies SFB, warps 9-11 only give their registers back
   ab  PipelineTmaAsync, `num_ab_stages` stages: producer (1 arrive + the
       stage's transaction bytes) -> consumers (one arrive per MMA warp, lane 0,
-      once the wgmma reading the stage is done)
+      once the wgmma reading the stage is done; in a pair lanes 0 and 1, one
+      at each CTA's barrier: `ab_consumer_arrives`)
   TOKENS_READY_BARRIER (named): each MMA warp arrives once it claims no more
       token units, the producer warp waits there before polling the count
 
@@ -98,7 +104,10 @@ SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 class Sm90TileConfig(TileConfig):
     """The launcher's TileConfig (tile_m: tokens per tile, wgmma's N; tile_n:
     weight rows per tile) plus the Hopper kernel's K per stage and a timing
-    diagnostic."""
+    diagnostic. cta_group 2: a (2,1,1) cluster takes each tile, tile_n =
+    2 x WEIGHT_ROWS, each CTA WEIGHT_ROWS of its weight rows, and the two CTAs
+    share the tile's token stages (each loads half of a stage into both by TMA
+    multicast)."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per stage
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
@@ -131,6 +140,9 @@ EXACT_DIAGNOSTICS = ("no-pdl",)
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k128-wr", 128, WEIGHT_ROWS, tile_k=128),
     Sm90TileConfig("sm90-192x128-k64-wr", 192, WEIGHT_ROWS, tile_k=64),
+    # Not yet timed (a candidate: each CTA reads half the token bytes from the L2; docs/hopper.md, last
+    # section): selectable by CONFIG_ENV, not among `sm90_choice`'s forms until it has won on an H200.
+    Sm90TileConfig("sm90-128x256-k128-wr-pair", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
@@ -176,7 +188,7 @@ class WarpRoles(NamedTuple):
     consumer_warps: int  # warps 0 .. consumer_warps - 1
     producer_warp: int  # the first warp of the producer warpgroup
     threads: int
-    ab_consumer_arrives: int  # PipelineTmaAsync: lane 0 of each consumer warp
+    ab_consumer_arrives: int  # PipelineTmaAsync, per CTA whose stages a load fills: one per consumer warp
     tokens_ready_threads: int  # TOKENS_READY_BARRIER: the MMA warps (arrive) and the producer warp (sync)
     b_rows: tuple  # per MMA warpgroup: (first, count) of the tile's weight rows
     producer_registers: int  # setmaxnreg: per thread of the producer warpgroup
@@ -187,6 +199,14 @@ WARP_ROLES = WarpRoles(4 * MMA_WARPGROUPS, 4 * MMA_WARPGROUPS, 128 * (MMA_WARPGR
                        32 * (4 * MMA_WARPGROUPS + 1), tuple((64 * w, 64) for w in range(MMA_WARPGROUPS)),
                        producer_registers=40,
                        consumer_registers=232)
+
+
+def ab_consumer_arrives(config: "Sm90TileConfig") -> int:
+    """Arrivals that free one CTA's stage of the ab pipeline: one per MMA warp
+    of every CTA its producer's loads fill (PipelineTmaAsync.consumer_release:
+    lane r of each consumer warp arrives at cluster rank r's barrier, r below
+    the cluster's size); a pair's token loads fill both CTAs' stages."""
+    return WARP_ROLES.ab_consumer_arrives * config.cta_group
 
 
 def check_sm90_warp_roles() -> None:
@@ -209,7 +229,8 @@ def check_sm90_warp_roles() -> None:
     assert roles.producer_registers <= register_budget() <= roles.consumer_registers
     for config in SM90_CONFIGS.values():
         # the tokens are wgmma's N: a multiple of 8 up to 256 (the token conversion works row by row)
-        assert config.tile_n == WEIGHT_ROWS and config.tile_m % 8 == 0 and 8 <= config.tile_m <= 256, config
+        assert config.cta_group in (1, 2) and config.tile_n == WEIGHT_ROWS * config.cta_group, config
+        assert config.tile_m % 8 == 0 and 8 <= config.tile_m <= 256, config
         assert config.tile_k in (64, 128) and K_MULTIPLE % (2 * config.tile_k) == 0, config  # stages in pairs
         assert not config.swap_ab and SF_VEC_SIZE == 16, config
 
@@ -423,6 +444,18 @@ class Sm90GroupedGemmKernel:
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per stage
         self.roles = WARP_ROLES
         self.convert_tokens = config.diagnostic != "skip-token-conversion"
+        self.pair = config.cta_group == 2  # a (2,1,1) cluster per tile, the token stages multicast to both
+
+    def cluster_layout(self) -> cute.Layout:
+        """(V, M, N, L) layout of a tile's CTAs: the pair side by side along the
+        weights (N), so that a token load (M side) reaches both. Checked
+        against the ab pipeline's arrive count (a mismatch would hang)."""
+        cluster_vmnk = cute.make_layout((1, 1, self.config.cta_group, 1))
+        reach = cute.size(cluster_vmnk, mode=[2])  # CTAs a token load fills; the weights reach one
+        if ab_consumer_arrives(self.config) != self.roles.ab_consumer_arrives * reach:
+            raise ValueError(f"{self.config.name}: ab consumers {ab_consumer_arrives(self.config)}, "
+                             f"token loads reach {reach} CTAs")
+        return cluster_vmnk
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
@@ -481,10 +514,12 @@ class Sm90GroupedGemmKernel:
         self._setup_attributes()
         layouts = self.make_layouts()
         g2s = cpasync.CopyBulkTensorTileG2SOp()
+        # a pair: each CTA loads half of a token stage into both (the descriptor's box is that half)
+        tokens_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.pair else g2s
         one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
         return layouts, (
-            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Float16), one_stage(layouts.tokens),
-                                        (self.tile_m, self.tile_k)),
+            cpasync.make_tiled_tma_atom(tokens_op, self._placeholder(cutlass.Float16), one_stage(layouts.tokens),
+                                        (self.tile_m, self.tile_k), num_multicast=self.config.cta_group),
             cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed),
                                         (WEIGHT_ROWS, self.packed_k_bytes)))
 
@@ -528,7 +563,7 @@ class Sm90GroupedGemmKernel:
         ptr_tensormaps: cute.Pointer,  # (G, 5, 16) Int64 descriptor table, 128-byte aligned, then the scratch
         num_groups: cutlass.Int32,
         total_tiles: cutlass.Int32,
-        num_ctas: cutlass.Int32,
+        num_ctas: cutlass.Int32,  # the persistent grid's CTAs, or pairs (cta_group 2)
         plan_ready: cutlass.Int32,  # the tables and descriptors complete before this launch (LaunchPlan.launch)
         stream,
     ):
@@ -549,10 +584,12 @@ class Sm90GroupedGemmKernel:
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
+        self.launch_cluster = (self.config.cta_group, 1, 1)
+        cluster = {"cluster": self.launch_cluster} if cutlass.const_expr(self.pair) else {}
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, num_groups, total_tiles, plan_ready).launch(
-            grid=(1, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes, stream=stream,
-            use_pdl=self.config.pdl)
+            grid=(self.config.cta_group, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes,
+            stream=stream, use_pdl=self.config.pdl, **cluster)
 
     # -------------------------------------------------------------------------
     # Device side: the dispatcher
@@ -568,13 +605,16 @@ class Sm90GroupedGemmKernel:
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         # "skip-tokens" (a timing diagnostic) loads no tokens
         skipped = self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic == "skip-tokens") else 0
+        # a pair: the tokens of a stage come half from each CTA (tx_count: every byte lands in both), and a
+        # stage is free once both CTAs' MMA warps release it (the pipeline's cluster-wide sync publishes
+        # the barriers before either CTA's first load)
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.roles.ab_consumer_arrives),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ab_consumer_arrives(self.config)),
             tx_count=self.stage_bytes() - skipped,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            cta_layout_vmnk=self.cluster_layout(),
         )
         producer_maps = GroupTensormaps(tensormaps, 0, SM90_TENSORMAPS)
         cute.arch.sync_threads()  # barriers initialized
@@ -584,11 +624,15 @@ class Sm90GroupedGemmKernel:
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
         tokens = TokenWork(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready)
+        rank = cutlass.Int32(0)  # in the pair (block x): which half of each tile's weight rows
+        if cutlass.const_expr(self.pair):
+            bidx, _, _ = cute.arch.block_idx()
+            rank = cute.arch.make_warp_uniform(bidx)
         if warp_idx >= self.roles.producer_warp:
             cute.arch.warpgroup_reg_dealloc(self.roles.producer_registers)
             if warp_idx == self.roles.producer_warp:
                 self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
-                              tokens, (tma_atom_a, tma_atom_b), mA, mB)
+                              tokens, (tma_atom_a, tma_atom_b), mA, mB, rank)
         if warp_idx < self.roles.producer_warp:
             cute.arch.warpgroup_reg_alloc(self.roles.consumer_registers)
             # A may be the previous kernel's output, C and the scratch its input
@@ -598,7 +642,17 @@ class Sm90GroupedGemmKernel:
                 # this warp claims no more units: the producer may count the CTA as past the conversion
                 cute.arch.barrier_arrive(barrier_id=TOKENS_READY_BARRIER,
                                          number_of_threads=self.roles.tokens_ready_threads)
-            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx)
+            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx,
+                                  rank)
+        if cutlass.const_expr(self.pair):
+            # neither CTA of a pair leaves while the other may still arrive at its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    def weight_tile(self, work, rank):
+        """This CTA's 128-row block of the group's weights in `work` (the pair's
+        tile holds two; past the group's N for rank 1 where N / 128 is odd)."""
+        return work.n_tile * self.config.cta_group + rank if cutlass.const_expr(self.pair) else work.n_tile
 
     @cute.jit
     def group_tokens(self, problem_sizes: cute.Tensor, group, scratch):
@@ -624,26 +678,32 @@ class Sm90GroupedGemmKernel:
     # -------------------------------------------------------------------------
     @cute.jit
     def producer(self, layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, tensormaps, tokens,
-                 atoms, mA, mB):
+                 atoms, mA, mB, rank):
         """Per stage: TMA the tile's fp16 tokens (converted by the MMA warps of
-        all CTAs into the plan's scratch) and packed B, bulk-copy its SFB; the
-        first tile's first stages' weights as soon as griddepcontrol.wait
-        returns, their tokens once every unit of the tokens is converted."""
+        all CTAs into the plan's scratch; a pair's CTA its half, into both) and
+        this CTA's packed B, bulk-copy its SFB; the first tile's first stages'
+        weights as soon as griddepcontrol.wait returns, their tokens once every
+        unit of the tokens is converted."""
         tma_atom_a, tma_atom_b = atoms
         sA = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFB = storage.sfb.get_tensor(layouts.sf)
-        # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES)
+        # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES); a pair's CTA: its half of each
+        cluster_vmnk = self.cluster_layout()
         tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+            tma_atom_a, rank, cute.make_layout(self.config.cta_group), cute.group_modes(sA, 0, 2),
             cute.group_modes(cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None)), 0, 2))
+        token_mask = None  # alone: no multicast
+        if cutlass.const_expr(self.pair):
+            token_mask = cpasync.create_tma_multicast_mask(cluster_vmnk, cluster_vmnk.get_flat_coord(rank),
+                                                           mcast_mode=2)
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
             cute.group_modes(cute.local_tile(mB, (WEIGHT_ROWS, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
         # ((ATOM_V, REST_V), STAGE) destinations and their sources, for `load_stage`
-        copies = (tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB)
+        copies = (tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB)
 
         # Only the plan's own tables and descriptors are read before griddepcontrol.wait, and only once they
         # are complete (`plan_ready`): the inputs may be the previous kernel's output.
@@ -654,14 +714,14 @@ class Sm90GroupedGemmKernel:
         early = cutlass.Int32(0)
         if scheduler.has_work():
             first = scheduler.current()
-            sfb_first = self.sfb_tile_address(first, problem_sizes, sf_ptrs)
+            sfb_first = self.sfb_tile_address(first, problem_sizes, sf_ptrs, rank)
             early = first.k_tiles
             if early > self.num_ab_stages:
                 early = cutlass.Int32(self.num_ab_stages)
             for k_tile in cutlass.range(0, early, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 self.load_stage("weights", copies, first, k_tile, ab_pipeline.producer_get_barrier(state),
-                                state.index, tensormaps, sfb_first)
+                                state.index, tensormaps, sfb_first, rank)
                 state.advance()
         if cutlass.const_expr(self.convert_tokens):
             self.wait_for_tokens(tokens, units)
@@ -670,18 +730,18 @@ class Sm90GroupedGemmKernel:
             token_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
             for k_tile in cutlass.range(0, early, 1, unroll=1):
                 self.load_stage("tokens", copies, first, k_tile, ab_pipeline.producer_get_barrier(token_state),
-                                token_state.index, tensormaps, None)
+                                token_state.index, tensormaps, None, rank)
                 ab_pipeline.producer_commit(token_state)
                 token_state.advance()
         while scheduler.has_work():
             work = scheduler.current()
             tensormaps.fetch_ahead(work, scheduler, tokens.plan_ready)
-            sfb_tile = self.sfb_tile_address(work, problem_sizes, sf_ptrs)
+            sfb_tile = self.sfb_tile_address(work, problem_sizes, sf_ptrs, rank)
             for k_tile in cutlass.range(early, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 barrier = ab_pipeline.producer_get_barrier(state)
                 for what in ("tokens", "weights"):  # unrolled while tracing
-                    self.load_stage(what, copies, work, k_tile, barrier, state.index, tensormaps, sfb_tile)
+                    self.load_stage(what, copies, work, k_tile, barrier, state.index, tensormaps, sfb_tile, rank)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             early = cutlass.Int32(0)
@@ -691,24 +751,33 @@ class Sm90GroupedGemmKernel:
             self.pass_token_counters(tokens)
         ab_pipeline.producer_tail(state)
 
-    @staticmethod
-    def sfb_tile_address(work, problem_sizes, sf_ptrs):
-        """Where `work`'s SFB starts: its 128-row block of the group's blocked scale factors, (K/64)
-        blocks of 512 bytes each (read once per tile; `load_stage` adds the stage's offset)."""
-        return sf_ptrs[work.group, 1] + work.n_tile * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
+    @cute.jit
+    def sfb_tile_address(self, work, problem_sizes, sf_ptrs, rank):
+        """Where this CTA's SFB of `work` starts: its 128-row block (`weight_tile`) of the group's blocked
+        scale factors, (K/64) blocks of 512 bytes each (read once per tile; `load_stage` adds the stage's
+        offset). A pair's block past the group's N reads the group's last block instead (its results are
+        not stored; a bulk copy, unlike TMA, has no bounds)."""
+        block = self.weight_tile(work, rank)
+        if cutlass.const_expr(self.pair):
+            last = problem_sizes[work.group, 1] // WEIGHT_ROWS - 1
+            if block > last:
+                block = last
+        return sf_ptrs[work.group, 1] + block * (problem_sizes[work.group, 2] // 64) * SF_BLOCK_BYTES
 
     @cute.jit
-    def load_stage(self, what: cutlass.Constexpr, copies, work, k_tile, barrier, stage, tensormaps, sfb_tile):
-        """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the plan's scratch) or its
-        "weights" (packed B by TMA, SFB by a bulk copy from `sfb_tile`, `sfb_tile_address`), arriving on
-        `barrier`."""
-        tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
+    def load_stage(self, what: cutlass.Constexpr, copies, work, k_tile, barrier, stage, tensormaps, sfb_tile,
+                   rank):
+        """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the plan's scratch; a pair's
+        CTA its half, into both CTAs) or this CTA's "weights" (packed B by TMA, zeros past the group's N;
+        SFB by a bulk copy from `sfb_tile`, `sfb_tile_address`), arriving on `barrier`."""
+        tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
         if cutlass.const_expr(what == "tokens"):
             if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
+                multicast = {} if cutlass.const_expr(token_mask is None) else {"mcast_mask": token_mask}
                 cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
-                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0))
+                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast)
         else:
-            cute.copy(tma_atom_b, tBgB[(None, work.n_tile, k_tile)], tBsB[(None, stage)],
+            cute.copy(tma_atom_b, tBgB[(None, self.weight_tile(work, rank), k_tile)], tBsB[(None, stage)],
                       tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
             # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
             if cute.arch.lane_idx() == 0:
@@ -749,13 +818,14 @@ class Sm90GroupedGemmKernel:
                         frag32[fragment_word(dr, 4 * w + jj)] = pairs[jj]
 
     @cute.jit
-    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx):
+    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx,
+                         rank):
         """Warpgroup w dequantizes rows 64w .. 64w + 63 of each TMA stage's B
         (packed weights and SFB) into wgmma A fragments and multiplies them by
         the stage's fp16 tokens: the C^T tile. Two register buffers: a stage is
         converted while the previous stage's wgmma runs; a TMA stage goes back
         to the producer once the wgmma reading it is done (wait_group 1 after
-        the next one is issued)."""
+        the next one is issued; a pair's stage, once both CTAs' wgmmas are)."""
         wg = tidx // 128
         wg_tidx = tidx % 128
         sB = storage.b_packed.get_tensor(layouts.b_packed)
@@ -800,7 +870,8 @@ class Sm90GroupedGemmKernel:
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
             if cutlass.const_expr(self.config.diagnostic != "skip-epilogue"):
-                self.epilogue(acc, tCcC, output, work, sC[(None, None, wg)], wg, wg_tidx)
+                self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, sC[(None, None, wg)], wg,
+                              wg_tidx)
             scheduler.advance()
 
     @staticmethod
@@ -809,16 +880,21 @@ class Sm90GroupedGemmKernel:
         return problem_sizes[work.group, 0], problem_sizes[work.group, 1], abc_ptrs[work.group, 2]
 
     @cute.jit
-    def epilogue(self, acc, tCcC, output, work, staging, wg, wg_tidx):
-        """acc * 2^14 to fp16 into C (`output`: M, N, address); `tCcC` holds
-        each value's (n, m) in the tile C^T. Warpgroup wg owns the tile's
-        weight columns 64 wg .. 64 wg + 63 of C: EPILOGUE_TOKENS tokens at a
-        time its threads put their values in `staging` (rows of C), then each
-        thread stores 16-byte pieces of them, 8 threads per row of C (128
-        contiguous bytes), rows past M left out."""
+    def epilogue(self, acc, tCcC, output, weight_tile, m_tile, staging, wg, wg_tidx):
+        """acc * 2^14 to fp16 into C (`output`: M, N, address) at token tile
+        `m_tile` and weight rows 128 `weight_tile` ..; `tCcC` holds each
+        value's (n, m) in the tile C^T. Warpgroup wg owns the tile's weight
+        columns 64 wg .. 64 wg + 63 of C: EPILOGUE_TOKENS tokens at a time its
+        threads put their values in `staging` (rows of C), then each thread
+        stores 16-byte pieces of them, 8 threads per row of C (128 contiguous
+        bytes), rows past M (and a pair's columns past N) left out."""
         m, n, address = output
-        first_row = work.m_tile * self.tile_m
-        first_col = work.n_tile * self.tile_n + 64 * wg
+        first_row = m_tile * self.tile_m
+        first_col = weight_tile * WEIGHT_ROWS + 64 * wg
+        rows_stored = m  # alone, every tile lies within N (a multiple of 128)
+        if cutlass.const_expr(self.pair):
+            if first_col >= n:  # a pair's half past the group's N
+                rows_stored = cutlass.Int32(0)
         values = cute.size(acc) // (self.tile_m // EPILOGUE_TOKENS)  # per pass: the tokens' 8-column blocks
         pieces = EPILOGUE_TOKENS * 64 // 8 // 128  # 16-byte pieces per thread and pass
         for rows in cutlass.range_constexpr(self.tile_m // EPILOGUE_TOKENS):
@@ -832,7 +908,7 @@ class Sm90GroupedGemmKernel:
                 piece = wg_tidx + 128 * r
                 token = piece // 8
                 row = first_row + EPILOGUE_TOKENS * rows + token
-                if row < m:
+                if row < rows_stored:
                     col = first_col + 8 * (piece % 8)
                     src = cute.make_tensor(  # 16-byte aligned: the staging's rows are 144 bytes apart
                         cute.make_ptr(cutlass.Uint32, staging.iterator.toint() + (
@@ -991,9 +1067,9 @@ class Sm90GroupedGemmKernel:
         three counters back to zero for the next launch, which reads them only
         after its griddepcontrol.wait, hence after this grid's end."""
         if cute.arch.lane_idx() == 0:
-            _, _, num_ctas = cute.arch.grid_dim()
+            grid_x, _, grid_z = cute.arch.grid_dim()  # (cta_group, 1, CTAs or pairs)
             counters = counters_address(tokens.tensormaps, tokens.num_groups)
-            if atomic_add_acq_rel(counters + PASSED, 1) == num_ctas - 1:
+            if atomic_add_acq_rel(counters + PASSED, 1) == grid_x * grid_z - 1:
                 for offset in (CLAIMED, CONVERTED, PASSED):  # unrolled while tracing
                     store_relaxed(counters + offset, 0)
 
@@ -1007,9 +1083,9 @@ CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); u
 
 def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CONFIG) -> submission.Schedule:
     """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs,
-    contiguous tile ranges over balanced CTAs, groups by descending M (3 and 7 % faster than round-robin on
+    contiguous tile ranges over balanced CTAs (pairs for cta_group 2), groups by descending M (3 and 7 % faster than round-robin on
     benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule: round-robin."""
-    if submission.tile_count(problem_sizes, config) > num_sms:
+    if submission.tile_count(problem_sizes, config) > num_sms // config.cta_group:
         return submission.Schedule(contiguous=True, balanced_ctas=True, groups_by_m=True)
     return submission.Schedule()
 
@@ -1036,7 +1112,7 @@ def busiest_cta_cost(problem_sizes, num_sms: int, config: Sm90TileConfig) -> flo
     schedule = sm90_schedule(problem_sizes, num_sms, config)
     tile_k = [problem_sizes[g][2] for g in submission.group_order(problem_sizes, schedule)
               for _ in range(submission.tile_count([problem_sizes[g]], config))]
-    ctas = submission.persistent_ctas(len(tile_k), num_sms, schedule.balanced_ctas)
+    ctas = submission.persistent_ctas(len(tile_k), num_sms // config.cta_group, schedule.balanced_ctas)
     return SM90_TILE_COST_NS[config.name] * max(
         sum(tile_k[t] for t in submission.cta_tiles(cta, ctas, len(tile_k), schedule)) for cta in range(ctas))
 

@@ -266,6 +266,59 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
     assert shape.tiles == 2 + 3 and shape.ctas == 5
 
 
+PAIR = "sm90-128x256-k128-wr-pair"
+
+
+def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
+    """cta_group 2: the launcher counts tiles of 128 tokens x 256 weight rows and pairs of CTAs (at most one
+    per two SMs); rank r of a pair takes weight block 2 n_tile + r, which covers every block of a group
+    once, plus one past N where N / 128 is odd (its loads read zeros, its stores are left out)."""
+    pair = hopper.SM90_CONFIGS[PAIR]
+    assert pair.cta_group == 2 and pair.tile_n == 2 * hopper.WEIGHT_ROWS and pair.tile_m == hopper.SM90_CONFIG.tile_m
+    assert PAIR not in hopper.SM90_TILE_COST_NS  # not sm90_choice's until it has won on an H200
+    assert hopper.ab_consumer_arrives(pair) == 2 * hopper.WARP_ROLES.consumer_warps
+    assert hopper.ab_consumer_arrives(hopper.SM90_CONFIG) == hopper.WARP_ROLES.consumer_warps
+    kernel = pair.make_kernel()
+    for n in (128, 384, 4096, 7168):
+        blocks = [kernel.weight_tile(submission.WorkTile(0, 0, t, False, None, 128), r)
+                  for t in range(submission.ceil_div(n, pair.tile_n)) for r in range(2)]
+        assert sorted(b for b in blocks if b < n // 128) == list(range(n // 128))
+        assert len(blocks) - n // 128 == (n // 128) % 2
+    bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
+    plan = submission.shape_plan(bench0, -1, 132, hopper.with_schedule(pair, hopper.sm90_schedule(bench0, 132, pair)))
+    assert plan.tiles == 11 * 16 and plan.ctas == submission.persistent_ctas(176, 66, balanced=True) <= 66
+    assert plan.config.schedule == submission.Schedule(True, True, True)  # more tiles than pairs
+    one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))
+    assert hopper.sm90_schedule(one_wave, 132, pair) == submission.Schedule()  # 64 tiles, 66 pairs
+    assert submission.shape_plan(one_wave, -1, 132, pair).ctas == 64
+
+
+def test_a_pairs_token_loads_reach_both_ctas_and_each_stage_waits_for_both(report):
+    """The pair's PTX: a (2,1,1) cluster; token stages by multicast TMA (each CTA its half: one copy per
+    64 K, as alone), weights by plain TMA; each MMA warp releases a stage at both CTAs' barriers; the
+    barriers are published cluster-wide before the first load and neither CTA leaves before the other is
+    done. The single-CTA forms have none of it."""
+    for kernel in report["kernels"]:
+        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        with open(kernel["ptx_file"]) as f:
+            ptx = f.read()
+        multicast = re.findall(r"cp\.async\.bulk\.tensor\.2d\.[^;]*multicast::cluster[^;]*;", ptx)
+        # (DSL 4.5.2 writes "mbarrier.arrive.release.cta.shared::cluster", 4.8.1 "mbarrier.arrive.shared::cluster")
+        remote_arrives = re.findall(r"mbarrier\.arrive(?:\.release\.cta)?\.shared::cluster\.b64", ptx)
+        cluster_barriers = re.findall(r"barrier\.cluster\.(arrive(?:\.relaxed)?|wait)", ptx)
+        if config.cta_group == 1:
+            assert kernel["cluster"] == [1, 1, 1] and not multicast and not remote_arrives and not cluster_barriers
+            continue
+        assert kernel["cluster"] == [2, 1, 1]
+        tma = kernel["ptx_features"]["tma_load"]
+        bodies = kernel["ptx_features"]["bulk_copy_load"]  # see test_ptx_has_the_designed_instructions
+        assert len(multicast) == config.tile_k // 64 * bodies and tma == len(multicast) + bodies
+        assert len(remote_arrives) >= 1
+        assert cluster_barriers[:2] == ["arrive.relaxed", "wait"] and cluster_barriers[-2:] == ["arrive", "wait"]
+        (gemm,) = re.split(r"\.entry\s", ptx)[1:]
+        assert gemm.index("barrier.cluster.wait") < gemm.index("griddepcontrol.wait")
+
+
 def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_setting_names_one():
     """More tiles than SMs: contiguous ranges, balanced CTAs, groups by M (plan tables in that order); one
     wave: round-robin; a setting with "/SCHEDULE" fixes the schedule for every shape set."""
