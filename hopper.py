@@ -52,8 +52,8 @@ kernel's scheduler (`submission.TileScheduler`), on the same run-time tables
 and host path (`submission.GroupedGemmLauncher`). Per shape set custom_kernel
 picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
 (`sm90_schedule`) measured fastest on the H200, unless CONFIG_ENV names them.
-A pair form (cta_group 2, not yet timed, CONFIG_ENV only) runs each tile of
-128 tokens x 256 weight rows on a (2,1,1) cluster: each CTA converts and
+The pair forms (cta_group 2, not yet timed, CONFIG_ENV only) run each tile of
+tile_m tokens x 256 weight rows on a (2,1,1) cluster: each CTA converts and
 multiplies its 128 weight rows, and loads half of each token stage into both
 CTAs (TMA multicast), so that the tokens, four fifths of a CTA's bytes per
 stage, are read from the L2 once per pair.
@@ -140,9 +140,11 @@ EXACT_DIAGNOSTICS = ("no-pdl",)
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k128-wr", 128, WEIGHT_ROWS, tile_k=128),
     Sm90TileConfig("sm90-192x128-k64-wr", 192, WEIGHT_ROWS, tile_k=64),
-    # Not yet timed (a candidate: each CTA reads half the token bytes from the L2; docs/hopper.md, last
-    # section): selectable by CONFIG_ENV, not among `sm90_choice`'s forms until it has won on an H200.
+    # The pair forms are not yet timed (candidates: each CTA reads half the token bytes from the L2;
+    # docs/hopper.md, last section): selectable by CONFIG_ENV, not among `sm90_choice`'s forms until they
+    # have won on an H200.
     Sm90TileConfig("sm90-128x256-k128-wr-pair", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2),
+    Sm90TileConfig("sm90-192x256-k64-wr-pair", 192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.

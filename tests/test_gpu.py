@@ -205,6 +205,28 @@ def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
         run_config_and_check(data, config, FewCtasLauncher(config=config))
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="needs a Hopper GPU (sm_90) for hopper.py's kernel")
+@pytest.mark.parametrize("name", list(importlib.import_module("hopper").SM90_CONFIGS))
+def test_every_hopper_form_on_every_test_shape_and_benchmark(name, monkeypatch):
+    """Each form (those CONFIG_ENV names, `sm90_choice`'s or not) under its schedule per shape set: every
+    test shape (N / 128 odd included: a pair's half past N), every benchmark, and 1-2 CTAs (or pairs) over
+    many small groups."""
+    hopper = importlib.import_module("hopper")
+    form = hopper.SM90_CONFIGS[name]
+    launcher = submission.GroupedGemmLauncher()
+    sms = submission.sm_count(torch.cuda.current_device())
+    for case in TEST_CASES + BENCHMARK_CASES:
+        data = generate_input(**case.args)
+        sizes = tuple(map(tuple, data[3]))
+        run_config_and_check(data, hopper.with_schedule(form, hopper.sm90_schedule(sizes, sms, form)), launcher)
+    g = 24
+    data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=7)
+    for units in (1, 2):
+        monkeypatch.setattr(FewCtasLauncher, "SMS", units * form.cta_group)
+        run_config_and_check(data, form, FewCtasLauncher(config=form))
+
+
 # ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
 def kernel_path_or_skip():
     kernel_paths = (submission.PATH_B200, importlib.import_module("hopper").PATH_HOPPER)

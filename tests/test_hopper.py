@@ -275,7 +275,8 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
     once, plus one past N where N / 128 is odd (its loads read zeros, its stores are left out)."""
     pair = hopper.SM90_CONFIGS[PAIR]
     assert pair.cta_group == 2 and pair.tile_n == 2 * hopper.WEIGHT_ROWS and pair.tile_m == hopper.SM90_CONFIG.tile_m
-    assert PAIR not in hopper.SM90_TILE_COST_NS  # not sm90_choice's until it has won on an H200
+    # not sm90_choice's until they have won on an H200
+    assert not any(hopper.SM90_CONFIGS[name].cta_group == 2 for name in hopper.SM90_TILE_COST_NS)
     assert hopper.ab_consumer_arrives(pair) == 2 * hopper.WARP_ROLES.consumer_warps
     assert hopper.ab_consumer_arrives(hopper.SM90_CONFIG) == hopper.WARP_ROLES.consumer_warps
     kernel = pair.make_kernel()
@@ -503,7 +504,8 @@ def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
 def test_sweep_picks_configurations_by_name():
     import eval as ev
     assert ev.sweep_configs() == list(hopper.SM90_CONFIGS.values())
-    assert ev.sweep_configs(["192x"]) == [hopper.SM90_CONFIGS["sm90-192x128-k64-wr"]]
+    assert ev.sweep_configs(["192x128"]) == [hopper.SM90_CONFIGS["sm90-192x128-k64-wr"]]
+    assert [c.name for c in ev.sweep_configs(["pair"])] == ["sm90-128x256-k128-wr-pair", "sm90-192x256-k64-wr-pair"]
     with_diagnostics = ev.sweep_configs(["k128-wr"], diagnose=True)
     assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
     assert ev.sweep_configs(["no-such-form"]) == []
