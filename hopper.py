@@ -159,6 +159,12 @@ MMA_WARPGROUPS = WEIGHT_ROWS // 64  # warpgroups 0 and 1: wgmma M = 64 each
 # (docs/hopper.md).
 TOKEN_UNITS_PER_LANE = 1
 TOKEN_CHUNK_K = 32  # logical K per 64-byte piece of a converted unit (`token_pair`)
+# A warp's converted units go to the scratch through shared memory (the token stages, unused until the
+# tokens are complete): each lane writes its unit as a staged row (`token_staging_stride`: 16 bytes of
+# padding, so the 8 lanes of each 128-byte phase of a 16-byte store hit different banks), then the warp
+# stores the claim's consecutive units (contiguous in the scratch) 512 contiguous bytes per instruction
+# (`staged_chunk`) instead of 32 lanes' 16 bytes 256 bytes apart.
+TOKEN_STAGING_PAD = 16
 # The plan's token counters (`convert_token_share`, `wait_for_tokens`, `pass_token_counters`), after its
 # descriptor table, before its scratch: each counter on its own 128-byte line (0.2-1.7 % faster on the H200
 # than three sectors of one line: the producers' polls of CONVERTED meet no claims).
@@ -373,6 +379,20 @@ def lane_words(tile_k: int) -> int:
     return tile_k // 32
 
 
+def token_staging_stride(tile_k: int) -> int:
+    """Bytes between two lanes' staged units: a unit's tile_k fp16, then TOKEN_STAGING_PAD."""
+    return tile_k * 2 + TOKEN_STAGING_PAD
+
+
+def staged_chunk(c, lane, tile_k: int):
+    """Store c (0 .. 32 TOKEN_UNITS_PER_LANE tile_k 2 / 512 - 1) of lane `lane`: the claim's bytes
+    512 c + 16 lane .. + 15, which are (staged row, byte offset) of unit row (tile_k 2 bytes, a power of
+    two) of the claim. Host ints or device Int32."""
+    offset = 512 * c + 16 * lane
+    shift = (tile_k * 2).bit_length() - 1
+    return offset >> shift, offset & (tile_k * 2 - 1)
+
+
 def fragment_word(dr: int, t: int) -> int:
     """Where pair t (0 .. 2 tile_k/32 - 1) of a lane's quarter row goes in its
     fragment (A_FRAGMENT_LAYOUT recast to 32-bit words: (row + 8, K + 8, kb)):
@@ -495,6 +515,10 @@ class Sm90GroupedGemmKernel:
         return cute.make_layout((EPILOGUE_TOKENS, 64, MMA_WARPGROUPS),
                                 stride=(EPILOGUE_ROW_HALVES, 1, EPILOGUE_TOKENS * EPILOGUE_ROW_HALVES))
 
+    def token_staging_bytes(self) -> int:
+        """Shared memory of one MMA warp's staged units (`convert_token_units`)."""
+        return 32 * TOKEN_UNITS_PER_LANE * token_staging_stride(self.tile_k)
+
     def stage_bytes(self) -> int:
         """Bytes one TMA stage receives (its transaction count): fp16 tokens, packed B, SFB."""
         return self.tile_m * self.tile_k * 2 + WEIGHT_ROWS * self.packed_k_bytes + self.sf_stage_bytes
@@ -583,6 +607,8 @@ class Sm90GroupedGemmKernel:
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
+        check_budget(self.config.name, "bytes of token staging in the token stages",
+                     self.roles.consumer_warps * self.token_staging_bytes(), cute.cosize(layouts.tokens) * 2)
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
@@ -626,6 +652,9 @@ class Sm90GroupedGemmKernel:
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
         tokens = TokenWork(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready)
+        # an MMA warp's staged token units: its rows in the token stages, which no token load fills before
+        # every unit is converted (`wait_for_tokens`)
+        token_staging = storage.tokens.data_ptr().toint() + warp_idx * self.token_staging_bytes()
         rank = cutlass.Int32(0)  # in the pair (block x): which half of each tile's weight rows
         if cutlass.const_expr(self.pair):
             bidx, _, _ = cute.arch.block_idx()
@@ -640,7 +669,7 @@ class Sm90GroupedGemmKernel:
             # A may be the previous kernel's output, C and the scratch its input
             units = self.wait_counting_units(tokens)
             if cutlass.const_expr(self.convert_tokens):
-                self.convert_token_share(tokens, units)
+                self.convert_token_share(tokens, units, token_staging)
                 # this warp claims no more units: the producer may count the CTA as past the conversion
                 cute.arch.barrier_arrive(barrier_id=TOKENS_READY_BARRIER,
                                          number_of_threads=self.roles.tokens_ready_threads)
@@ -947,19 +976,20 @@ class Sm90GroupedGemmKernel:
         return units
 
     @cute.jit
-    def convert_token_share(self, tokens: TokenWork, units):
+    def convert_token_share(self, tokens: TokenWork, units, staging):
         """An MMA warp's part of the token conversion: it claims 32
         TOKEN_UNITS_PER_LANE consecutive units at a time (CLAIMED) until none
-        is left, converts them (`convert_token_units`) and adds them to
-        CONVERTED (release, after each lane's proxy fence: the producers read
-        the scratch by TMA). Claims, not shares: a CTA that starts late (its SM
-        still busy with an earlier kernel) leaves its part to the running ones,
-        and no CTA waits for one that has not started."""
+        is left, converts them (`convert_token_units`, through its rows of
+        `staging`, the shared-memory address of the warp's first staged row)
+        and adds them to CONVERTED (release, after each lane's proxy fence: the
+        producers read the scratch by TMA). Claims, not shares: a CTA that
+        starts late (its SM still busy with an earlier kernel) leaves its part
+        to the running ones, and no CTA waits for one that has not started."""
         counters = counters_address(tokens.tensormaps, tokens.num_groups)
         per_claim = 32 * TOKEN_UNITS_PER_LANE
         first = self.claim_token_units(counters, per_claim)
         while first < units:
-            self.convert_token_units(tokens, first, units)
+            self.convert_token_units(tokens, first, units, staging)
             fence_generic_async_global()
             cute.arch.sync_warp()
             if cute.arch.lane_idx() == 0:
@@ -978,23 +1008,26 @@ class Sm90GroupedGemmKernel:
         return cute.arch.shuffle_sync(first, 0)
 
     @cute.jit
-    def convert_token_units(self, tokens: TokenWork, first, units):
-        """Lane l converts units first + l + 32 i (i < TOKEN_UNITS_PER_LANE, those
-        below `units`): one row's stage of packed A (tile_k / 2 bytes: its 4
-        quarters, one vector load each) and its scale factors (a word per 64 K)
-        in; tile_k fp16 in wgmma's K order (`stage_k_order`), scaled as
-        `dequant_word` does, out to the scratch (`group_tokens`): 32-K piece g
-        holds word g of each quarter q, pair jj of it at `token_pair(q, jj)`.
-        All loads first, then the conversions and stores."""
+    def convert_token_units(self, tokens: TokenWork, first, units, staging):
+        """Lane l converts units first + l + 32 i (i < TOKEN_UNITS_PER_LANE):
+        one row's stage of packed A (tile_k / 2 bytes: its 4 quarters, one
+        vector load each) and its scale factors (a word per 64 K) in; tile_k
+        fp16 in wgmma's K order (`stage_k_order`), scaled as `dequant_word`
+        does, out to its staged row (32-K piece g holds word g of each quarter
+        q, pair jj of it at `token_pair(q, jj)`). Then the warp stores the
+        claim's units below `units` from the staging to the scratch, where
+        unit u's fp16 are bytes u tile_k 2 .. (groups back to back, each
+        row-major: `group_tokens`), 512 contiguous bytes per instruction
+        (`staged_chunk`). All loads first, then the conversions."""
         words = lane_words(self.tile_k)
         lane = cute.arch.lane_idx()
-        scratch = scratch_address(tokens.tensormaps, tokens.num_groups)
+        stride = token_staging_stride(self.tile_k)
         loaded = []
         for i in cutlass.range_constexpr(TOKEN_UNITS_PER_LANE):
             unit = first + lane + 32 * i
-            if unit >= units:  # past the last unit: load the last one again, store nothing
+            if unit >= units:  # past the last unit: convert the last one again, store nothing
                 unit = units - 1
-            packed, sfa, out = self.locate_token_unit(tokens, scratch, unit)
+            packed, sfa = self.locate_token_unit(tokens, unit)
             quarters = [cute.make_rmem_tensor((words,), cutlass.Uint32) for _ in range(4)]
             for q in cutlass.range_constexpr(4):
                 cute.autovec_copy(cute.make_tensor(
@@ -1005,37 +1038,44 @@ class Sm90GroupedGemmKernel:
                 scale_words[b] = cute.make_tensor(
                     cute.make_ptr(cutlass.Uint32, sfa + b * SF_BLOCK_BYTES, cute.AddressSpace.gmem, assumed_align=4),
                     cute.make_layout(1))[0]
-            loaded.append((quarters, scale_words, out))
+            loaded.append((quarters, scale_words))
         for i in cutlass.range_constexpr(TOKEN_UNITS_PER_LANE):
-            quarters, scale_words, out = loaded[i]
+            quarters, scale_words = loaded[i]
             scales = [scale_f16x2(scale_words[b // 4], b % 4) for b in range(self.tile_k // 16)]
-            if first + lane + 32 * i < units:
-                for g in cutlass.range_constexpr(words):
-                    piece = cute.make_rmem_tensor((16,), cutlass.Uint32)
-                    for q in cutlass.range_constexpr(4):
-                        word = q * words + g  # physical K 8 word .. 8 word + 7 of the stage
-                        pairs = dequant_word(quarters[q][g], scales[word // 2])
-                        for jj in cutlass.range_constexpr(4):
-                            piece[token_pair(q, jj)] = pairs[jj]
-                    cute.autovec_copy(piece, cute.make_tensor(
-                        cute.make_ptr(cutlass.Uint32, out + g * 64, cute.AddressSpace.gmem, assumed_align=16),
-                        cute.make_layout(16)))
+            row = staging + (lane + 32 * i) * stride
+            for g in cutlass.range_constexpr(words):
+                piece = cute.make_rmem_tensor((16,), cutlass.Uint32)
+                for q in cutlass.range_constexpr(4):
+                    word = q * words + g  # physical K 8 word .. 8 word + 7 of the stage
+                    pairs = dequant_word(quarters[q][g], scales[word // 2])
+                    for jj in cutlass.range_constexpr(4):
+                        piece[token_pair(q, jj)] = pairs[jj]
+                cute.autovec_copy(piece, cute.make_tensor(
+                    cute.make_ptr(cutlass.Uint32, row + g * 64, cute.AddressSpace.smem, assumed_align=16),
+                    cute.make_layout(16)))
+        cute.arch.sync_warp()  # every lane's row staged
+        claim = scratch_address(tokens.tensormaps, tokens.num_groups) + cutlass.Int64(first) * (self.tile_k * 2)
+        for c in cutlass.range_constexpr(32 * TOKEN_UNITS_PER_LANE * self.tile_k * 2 // 512):
+            staged_row, byte = staged_chunk(c, lane, self.tile_k)
+            if first + staged_row < units:
+                cute.autovec_copy(
+                    cute.make_tensor(cute.make_ptr(cutlass.Uint32, staging + staged_row * stride + byte,
+                                                   cute.AddressSpace.smem, assumed_align=16), cute.make_layout(4)),
+                    cute.make_tensor(cute.make_ptr(cutlass.Uint32, claim + 512 * c + 16 * lane,
+                                                   cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4)))
 
     @cute.jit
-    def locate_token_unit(self, tokens: TokenWork, scratch, unit):
+    def locate_token_unit(self, tokens: TokenWork, unit):
         """Unit `unit` (numbered group by group, row-major over (row, stage)):
-        the addresses of its packed A, of its first 64 K's scale factors in the
-        reordered SFA (the next 64 K's are SF_BLOCK_BYTES further), and of its
-        fp16 in the scratch."""
+        the addresses of its packed A and of its first 64 K's scale factors in
+        the reordered SFA (the next 64 K's are SF_BLOCK_BYTES further)."""
         problem_sizes = tokens.problem_sizes
         group = cutlass.Int32(0)
         group_first = cutlass.Int32(0)  # the group's first unit
-        offset = cutlass.Int64(0)  # bytes of fp16 A before the group's
         m = problem_sizes[0, 0]
         k = problem_sizes[0, 2]
         while unit >= group_first + m * (k // self.tile_k):
             group_first += m * (k // self.tile_k)
-            offset += cutlass.Int64(m) * cutlass.Int64(k) * 2
             group += 1
             m = problem_sizes[group, 0]
             k = problem_sizes[group, 2]
@@ -1044,8 +1084,7 @@ class Sm90GroupedGemmKernel:
         stage_k = local % (k // self.tile_k) * self.tile_k
         packed = tokens.abc_ptrs[group, 0] + cutlass.Int64(row) * (k // 2) + stage_k // 2
         sfa = tokens.sf_ptrs[group, 0] + token_scale_offset(row, stage_k // 16, k)
-        out = scratch + offset + (cutlass.Int64(row) * k + stage_k) * 2
-        return packed, sfa, out
+        return packed, sfa
 
     @cute.jit
     def wait_for_tokens(self, tokens: TokenWork, units):

@@ -111,8 +111,16 @@ def test_ptx_has_the_designed_instructions(report, name):
     assert re.search(rf"fence\.proxy\.async\.global;(?:(?!st\.global).)*red\.release", mma, re.S)
     assert len(re.findall(rf"bar\.arrive\s+{tokens_barrier}", mma)) == 1
     conversion = mma[mma.index("atom.relaxed.gpu"):mma.index("bar.arrive")]
-    # each lane's units: tile_k fp16 each, in 16-byte stores
-    assert len(re.findall(r"st\.global\.v4", conversion)) == hopper.TOKEN_UNITS_PER_LANE * config.tile_k * 2 // 16
+    # each lane's units: tile_k fp16 each, staged in shared memory and stored to the scratch 16 bytes per
+    # lane and instruction (`staged_chunk`), both as many as the lane's bytes / 16
+    per_lane = hopper.TOKEN_UNITS_PER_LANE * config.tile_k * 2 // 16
+    assert len(re.findall(r"st\.shared\.v4", conversion)) == per_lane
+    assert len(re.findall(r"ld\.shared\.v4", conversion)) == per_lane
+    assert len(re.findall(r"st\.global\.v4", conversion)) == per_lane
+    assert conversion.rindex("st.shared.v4") < conversion.index("bar.warp.sync") < conversion.index("ld.shared.v4")
+    # the MMA warps' staging fits the token stages (the compile checks it too)
+    staging = hopper.WARP_ROLES.consumer_warps * config.make_kernel().token_staging_bytes()
+    assert staging <= kernel["stages_ab"] * config.tile_m * config.tile_k * 2
     tokens_wait = re.search(rf"bar\.sync\s+{tokens_barrier}(.*?)"
                             r"fence\.proxy\.async\.global;(.*)", producer, re.S)
     assert tokens_wait and "ld.acquire.gpu.global.u32" in tokens_wait.group(1)
@@ -131,10 +139,10 @@ def test_ptx_has_the_designed_instructions(report, name):
     with open(kernel["builder_ptx_file"]) as f:
         builder = f.read()
     assert len(re.findall(r"st\.relaxed\.gpu\.global\.u32", builder[builder.index("griddepcontrol.wait"):])) == 3
-    # E4M3 scales converted in pairs; no thread writes an fp16 operand to shared memory;
-    # the weights read with 8-byte loads
+    # E4M3 scales converted in pairs; no thread writes an fp16 operand to shared memory (16-byte shared
+    # stores only in the token conversion's staging); the weights read with 8-byte loads
     assert features["e4m3_to_f16x2"] >= 1
-    assert len(re.findall(r"st\.shared\.v4", ptx)) == 0
+    assert len(re.findall(r"st\.shared\.v4", ptx)) == per_lane
     assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2
     assert features["threads_per_cta"] == hopper.WARP_ROLES.threads == 32 * 12
     # registers move from the producer warpgroup to the MMA warpgroups (setmaxnreg)
@@ -559,6 +567,36 @@ def test_a_setting_may_name_a_schedule():
         hopper.config_from_setting("/diagonal")
     with pytest.raises(ValueError, match="expected one of"):
         hopper.config_from_setting("sm90-nonesuch/contiguous")
+
+
+@pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
+def test_the_token_staging_is_conflict_free_and_its_stores_cover_the_claim_once_in_order(tile_k):
+    """convert_token_units: lane l stages its unit at row l (`token_staging_stride`), then store c of lane l
+    writes the claim's bytes 512 c + 16 l from (row, byte) `staged_chunk`. Shared memory serves a 16-byte
+    access 8 lanes (128 bytes) per phase: no two lanes of a phase may share a bank. Every staged byte goes
+    to the scratch once, to unit row's place (row tile_k 2 + byte)."""
+    stride, unit_bytes = hopper.token_staging_stride(tile_k), tile_k * 2
+    units = 32 * hopper.TOKEN_UNITS_PER_LANE
+
+    def conflict_free(addresses):  # one 16-byte access per lane
+        for phase in range(0, 32, 8):
+            banks = [(a // 4 + w) % 32 for a in addresses[phase:phase + 8] for w in range(4)]
+            if len(set(banks)) != len(banks):
+                return False
+        return True
+    for i in range(hopper.TOKEN_UNITS_PER_LANE):
+        for piece in range(unit_bytes // 16):  # the lanes' staging stores: row 32 i + lane
+            assert conflict_free([(lane + 32 * i) * stride + 16 * piece for lane in range(32)])
+    written = []
+    for c in range(units * unit_bytes // 512):
+        chunks = [hopper.staged_chunk(c, lane, tile_k) for lane in range(32)]
+        assert conflict_free([row * stride + byte for row, byte in chunks])
+        written += [(row, byte, 512 * c + 16 * lane) for lane, (row, byte) in enumerate(chunks)]
+    assert sorted((row, byte) for row, byte, _ in written) == [(r, b) for r in range(units)
+                                                              for b in range(0, unit_bytes, 16)]
+    assert all(scratch == row * unit_bytes + byte for row, byte, scratch in written)
+    # the padding keeps no unit's bytes: a row's 16-byte pieces end before the next row starts
+    assert unit_bytes < stride and stride % 16 == 0
 
 
 def test_the_epilogue_staging_is_conflict_free_and_its_pieces_cover_it_once():
