@@ -91,7 +91,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 import submission
 from submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_GROUP, GroupTensormaps,
-                        TileConfig, TileScheduler, ceil_div, check_budget, tensormap_staging, write_group_tensormaps)
+                        TileConfig, TileScheduler, WorkTile, ceil_div, check_budget, tensormap_staging,
+                        write_group_tensormaps)
 
 # =============================================================================
 # Configuration
@@ -109,6 +110,9 @@ class Sm90TileConfig(TileConfig):
     share the tile's token stages (each loads half of a stage into both by TMA
     multicast)."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per stage
+    # > 0: a group's last token tile with at most this many rows is "narrow": its wgmma has N =
+    # narrow_tokens (half the work), and the narrow tiles come after all others (`NarrowLastScheduler`)
+    narrow_tokens: int = 0
     # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
     # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
     # loads no tokens, "skip-token-conversion" converts no tokens (and waits for none),
@@ -144,6 +148,9 @@ SM90_CONFIGS = {c.name: c for c in (
     # docs/hopper.md, last section): selectable by CONFIG_ENV, not among `sm90_choice`'s forms until they
     # have won on an H200.
     Sm90TileConfig("sm90-128x256-k128-wr-pair", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2),
+    # Not yet timed either (a candidate for benchmark 0: its busiest CTAs would run two wide tiles and a
+    # narrow one instead of three wide ones): narrow last token tiles, 64 tokens of wgmma's N.
+    Sm90TileConfig("sm90-128x128-k128-wr-narrow", 128, WEIGHT_ROWS, tile_k=128, narrow_tokens=64),
     Sm90TileConfig("sm90-192x256-k64-wr-pair", 192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
@@ -239,6 +246,8 @@ def check_sm90_warp_roles() -> None:
         # the tokens are wgmma's N: a multiple of 8 up to 256 (the token conversion works row by row)
         assert config.cta_group in (1, 2) and config.tile_n == WEIGHT_ROWS * config.cta_group, config
         assert config.tile_m % 8 == 0 and 8 <= config.tile_m <= 256, config
+        # a narrow tile's wgmma N: a multiple of 8 below tile_m (its accumulators are the first of the tile's)
+        assert config.narrow_tokens % 8 == 0 and 0 <= config.narrow_tokens < config.tile_m, config
         assert config.tile_k in (64, 128) and K_MULTIPLE % (2 * config.tile_k) == 0, config  # stages in pairs
         assert not config.swap_ab and SF_VEC_SIZE == 16, config
 
@@ -434,6 +443,125 @@ def sf_offset(row, kb):
 
 
 # =============================================================================
+# Narrow tiles last: the tile order of forms with `narrow_tokens`
+# =============================================================================
+def wide_m_tiles(m, tile_m: int, narrow: int):
+    """Token tiles of a group of m rows that are not narrow: all but a last one
+    of at most `narrow` rows. Host ints or device Int32."""
+    return (m + tile_m - 1 - narrow) // tile_m
+
+
+def narrow_last_tiles(problem_sizes, tile_m: int, tile_n: int, narrow: int) -> list:
+    """The host's twin of `NarrowLastScheduler`: (group, m_tile, n_tile,
+    narrow) of each linear tile. Two sweeps over the groups: every group's
+    wide token tiles (M tiles fastest, as `submission.locate_tile` numbers
+    them), then every group's narrow one, if it has one."""
+    tiles = []
+    for narrow_sweep in (False, True):
+        for g, (m, n, _, _) in enumerate(problem_sizes):
+            wide = wide_m_tiles(m, tile_m, narrow)
+            m_tiles = ([ceil_div(m, tile_m) - 1] if ceil_div(m, tile_m) > wide else []) if narrow_sweep \
+                else list(range(wide))
+            tiles += [(g, m_tiles[i % len(m_tiles)], i // len(m_tiles), narrow_sweep)
+                      for i in range(len(m_tiles) * ceil_div(n, tile_n))]
+    return tiles
+
+
+@cute.jit
+def count_wide_tiles(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.Constexpr[int],
+                     tile_n: cutlass.Constexpr[int], narrow: cutlass.Constexpr[int]):
+    """Tiles of the first sweep (`narrow_last_tiles`)."""
+    total = cutlass.Int32(0)
+    for g in cutlass.range(0, num_groups, 1, unroll=1):
+        total += wide_m_tiles(problem_sizes[g, 0], tile_m, narrow) * ceil_div(problem_sizes[g, 1], tile_n)
+    return total
+
+
+@cute.jit
+def locate_narrow_last(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
+                       narrow: cutlass.Constexpr[int], tile, group, group_first_tile, sweep, wide_total):
+    """Linear tile -> (group, its first linear tile, sweep, m-tile, n-tile) in
+    the order of `narrow_last_tiles`; the search resumes at the previous
+    tile's group and sweep (a CTA's tiles only increase)."""
+    if sweep == 0:
+        if tile >= wide_total:
+            sweep = cutlass.Int32(1)
+            group = cutlass.Int32(0)
+            group_first_tile = wide_total
+    m = problem_sizes[group, 0]
+    tiles_m = wide_m_tiles(m, tile_m, narrow)
+    if sweep == 1:
+        tiles_m = ceil_div(m, tile_m) - tiles_m
+    group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+    while tile >= group_end:
+        group_first_tile = group_end
+        group = group + 1
+        m = problem_sizes[group, 0]
+        tiles_m = wide_m_tiles(m, tile_m, narrow)
+        if sweep == 1:
+            tiles_m = ceil_div(m, tile_m) - tiles_m
+        group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+    index = tile - group_first_tile
+    m_tile = index % tiles_m
+    if sweep == 1:
+        m_tile = ceil_div(m, tile_m) - 1
+    return group, group_first_tile, sweep, m_tile, index // tiles_m
+
+
+class NarrowLastScheduler(TileScheduler):
+    """`submission.TileScheduler` (the same CTA shares of the linear tiles) over
+    the order of `narrow_last_tiles`: under round-robin the narrow tiles, half
+    the work of a wide one, are the last tiles of the CTAs that get one more
+    tile than others. Carries the sweep with the search state; the first
+    sweep's tile count is fixed."""
+
+    def __init__(self, problem_sizes, tile_mnk, narrow, wide_total, stride, start, end, tile, group,
+                 group_first_tile, sweep):
+        super().__init__(problem_sizes, tile_mnk, stride, start, end, tile, group, group_first_tile)
+        self.narrow, self.wide_total, self.sweep = narrow, wide_total, sweep
+
+    @staticmethod
+    def create(problem_sizes: cute.Tensor, num_groups, total_tiles, tile_mnk, contiguous: bool,
+               narrow: int) -> "NarrowLastScheduler":
+        base = TileScheduler.create(problem_sizes, total_tiles, tile_mnk, contiguous)
+        wide_total = count_wide_tiles(problem_sizes, num_groups, tile_mnk[0], tile_mnk[1], narrow)
+        return NarrowLastScheduler(problem_sizes, tile_mnk, narrow, wide_total, base.stride, base.start, base.end,
+                                   base.tile, base.group, base.group_first_tile, cutlass.Int32(0))
+
+    def _locate(self, tile, group, group_first_tile, sweep):
+        return locate_narrow_last(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], self.narrow, tile, group,
+                                  group_first_tile, sweep, self.wide_total)
+
+    def current(self) -> WorkTile:
+        self.group, self.group_first_tile, self.sweep, m_tile, n_tile = self._locate(
+            self.tile, self.group, self.group_first_tile, self.sweep)
+        return WorkTile(self.group, m_tile, n_tile, self.tile == self.start, self.problem_sizes, self.tile_mnk[2])
+
+    @cute.jit
+    def first_group(self):
+        group, _, _, _, _ = self._locate(self.tile, cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0))
+        return group
+
+    @cute.jit
+    def upcoming_group(self):
+        upcoming = self.group
+        following = self.tile + self.stride
+        if following < self.end:
+            upcoming, _, _, _, _ = self._locate(following, self.group, self.group_first_tile, self.sweep)
+        return upcoming
+
+    def __get_mlir_types__(self):
+        return [self.tile.type, self.group.type, self.group_first_tile.type, self.sweep.type]
+
+    def __extract_mlir_values__(self):
+        return [x.ir_value() for x in (self.tile, self.group, self.group_first_tile, self.sweep)]
+
+    def __new_from_mlir_values__(self, values):
+        return NarrowLastScheduler(self.problem_sizes, self.tile_mnk, self.narrow, self.wide_total, self.stride,
+                                   self.start, self.end, *(cutlass.Int32(v) for v in values))
+
+
+# =============================================================================
 # The kernel
 # =============================================================================
 class TokenWork(NamedTuple):
@@ -485,12 +613,12 @@ class Sm90GroupedGemmKernel:
         self.num_ab_stages = min(MAX_AB_STAGES, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
-    def make_tiled_mma(self):
+    def make_tiled_mma(self, tokens: int = 0):
         """wgmma's B (its 128 weight rows: wgmma's A, from registers) x A (the
-        tokens: wgmma's N, from the shared-memory stage)."""
+        tokens: wgmma's N, tile_m or `tokens`, from the shared-memory stage)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (WEIGHT_ROWS // 64, 1, 1), tiler_mn=(64, self.tile_m),
+            cutlass.Float32, (WEIGHT_ROWS // 64, 1, 1), tiler_mn=(64, tokens or self.tile_m),
             a_source=warpgroup.OperandSource.RMEM)
         # dequantize_a_fragment writes this thread-value layout of A (m + 64 k): thread
         # (lane % 4, lane / 4, warp) at k = 2 (lane % 4), m = lane / 4 + 16 warp; values
@@ -649,8 +777,12 @@ class Sm90GroupedGemmKernel:
 
         layouts = self.make_layouts()
         # every role walks the same tiles, each with its own copy of this state
-        scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
-                                         self.config.schedule.contiguous)
+        if cutlass.const_expr(self.config.narrow_tokens):
+            scheduler = NarrowLastScheduler.create(problem_sizes, num_groups, total_tiles, self.tile_mnk,
+                                                   self.config.schedule.contiguous, self.config.narrow_tokens)
+        else:
+            scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
+                                             self.config.schedule.contiguous)
         tokens = TokenWork(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready)
         # an MMA warp's staged token units: its rows in the token stages, which no token load fills before
         # every unit is converted (`wait_for_tokens`)
@@ -871,6 +1003,21 @@ class Sm90GroupedGemmKernel:
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((WEIGHT_ROWS, self.tile_m)))  # (n, m) of each accumulator
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        # (the weights' fragments and their row, the weights' stages) for `mainloop`
+        weights = (tCrW, w_row, wg_tidx % 4, sB, sSFB)
+        narrow_mma = None
+        if cutlass.const_expr(self.config.narrow_tokens):
+            # a narrow tile: wgmma's N is narrow_tokens, the stage's first token rows; its accumulators are
+            # the first of acc's (wgmma's C registers go 8 tokens at a time)
+            narrow = self.config.narrow_tokens
+            tiled_mma_narrow = self.make_tiled_mma(narrow)
+            thr_mma_narrow = tiled_mma_narrow.get_slice(tidx)
+            sTokens_narrow = cute.local_tile(sTokens, (narrow, self.tile_k, self.num_ab_stages), (0, 0, 0))
+            acc_narrow = cute.make_tensor(acc.iterator, cute.make_layout(
+                thr_mma_narrow.partition_shape_C((WEIGHT_ROWS, narrow))))
+            tiled_mma_narrow.set(warpgroup.Field.ACCUMULATE, True)
+            narrow_mma = (tiled_mma_narrow, acc_narrow,
+                          tiled_mma_narrow.make_fragment_B(thr_mma_narrow.partition_B(sTokens_narrow)))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         while scheduler.has_work():
@@ -879,31 +1026,51 @@ class Sm90GroupedGemmKernel:
             # calls) overlaps the mainloop instead of following it
             output = self.output_of(problem_sizes, abc_ptrs, work)
             acc.fill(0.0)
-            # K is a multiple of 256, so stages come in pairs: register buffer 0, then 1
-            for k_pair in cutlass.range(0, work.k_tiles // NUM_REGISTER_BUFFERS, 1, unroll=1):
-                for buffer in cutlass.range_constexpr(NUM_REGISTER_BUFFERS):
-                    ab_pipeline.consumer_wait(state)
-                    # the timing diagnostics (Sm90TileConfig.diagnostic) leave out a part
-                    if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
-                        self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, wg_tidx % 4)
-                    if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(self.tile_k // 16):
-                            cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)],
-                                      tCsT[(None, None, kb, state.index)], acc)
-                        warpgroup.commit_group()
-                    warpgroup.wait_group(1)  # the previous stage's wgmma is done: release its stage
-                    if buffer == 1 or k_pair > 0:
-                        ab_pipeline.consumer_release(release_state)
-                        release_state.advance()
-                    state.advance()
-            warpgroup.wait_group(0)
-            ab_pipeline.consumer_release(release_state)
-            release_state.advance()
+            if cutlass.const_expr(self.config.narrow_tokens):
+                m, _, _ = output
+                if m - work.m_tile * self.tile_m <= self.config.narrow_tokens:
+                    state, release_state = self.mainloop(ab_pipeline, narrow_mma, weights, work, state,
+                                                         release_state)
+                else:
+                    state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
+                                                         release_state)
+            else:
+                state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
+                                                     release_state)
             if cutlass.const_expr(self.config.diagnostic != "skip-epilogue"):
                 self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, sC[(None, None, wg)], wg,
                               wg_tidx)
             scheduler.advance()
+
+    @cute.jit
+    def mainloop(self, ab_pipeline, mma, weights, work, state, release_state):
+        """`work`'s K stages into the accumulators of `mma` (tiled MMA,
+        accumulators, the token stages' fragments); returns the pipeline
+        states past them."""
+        tiled_mma, acc, tCsT = mma
+        tCrW, w_row, q, sB, sSFB = weights
+        # K is a multiple of 256, so stages come in pairs: register buffer 0, then 1
+        for k_pair in cutlass.range(0, work.k_tiles // NUM_REGISTER_BUFFERS, 1, unroll=1):
+            for buffer in cutlass.range_constexpr(NUM_REGISTER_BUFFERS):
+                ab_pipeline.consumer_wait(state)
+                # the timing diagnostics (Sm90TileConfig.diagnostic) leave out a part
+                if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
+                    self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, q)
+                if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(self.tile_k // 16):
+                        cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)],
+                                  tCsT[(None, None, kb, state.index)], acc)
+                    warpgroup.commit_group()
+                warpgroup.wait_group(1)  # the previous stage's wgmma is done: release its stage
+                if buffer == 1 or k_pair > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                state.advance()
+        warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        return state, release_state
 
     @staticmethod
     def output_of(problem_sizes, abc_ptrs, work):
@@ -1125,8 +1292,11 @@ CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); u
 def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CONFIG) -> submission.Schedule:
     """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs,
     contiguous tile ranges over balanced CTAs (pairs for cta_group 2), groups by descending M (3 and 7 % faster than round-robin on
-    benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule: round-robin."""
+    benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule: round-robin. A form with
+    narrow tiles (not yet timed): round-robin over every SM, groups by descending M (`NarrowLastScheduler`)."""
     if submission.tile_count(problem_sizes, config) > num_sms // config.cta_group:
+        if config.narrow_tokens:  # round-robin over every SM: the narrow tiles are the CTAs' last ones
+            return submission.Schedule(groups_by_m=True)
         return submission.Schedule(contiguous=True, balanced_ctas=True, groups_by_m=True)
     return submission.Schedule()
 

@@ -432,6 +432,13 @@ class TileScheduler:
         return WorkTile(self.group, m_tile, n_tile, self.tile == self.start, self.problem_sizes, tile_k)
 
     @cute.jit
+    def first_group(self):
+        """The group of this CTA's first tile (a search from group 0; before `current`)."""
+        group, _, _, _ = locate_tile(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], self.tile,
+                                     cutlass.Int32(0), cutlass.Int32(0))
+        return group
+
+    @cute.jit
     def upcoming_group(self):
         """The group of this CTA's next tile, or the current tile's group when there is none (after `current`)."""
         upcoming = self.group
@@ -515,9 +522,7 @@ class GroupTensormaps:
         (its acquire fence is what orders a launch with `plan_ready` 0 after the builder)."""
         if plan_ready != 0:
             if scheduler.has_work():
-                group, _, _, _ = locate_tile(scheduler.problem_sizes, scheduler.tile_mnk[0], scheduler.tile_mnk[1],
-                                             scheduler.tile, cutlass.Int32(0), cutlass.Int32(0))
-                self.fetch(group)
+                self.fetch(scheduler.first_group())
 
     @cute.jit
     def fetch_ahead(self, work: WorkTile, scheduler: TileScheduler, plan_ready) -> None:

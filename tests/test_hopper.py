@@ -328,6 +328,54 @@ def test_a_pairs_token_loads_reach_both_ctas_and_each_stage_waits_for_both(repor
         assert gemm.index("barrier.cluster.wait") < gemm.index("griddepcontrol.wait")
 
 
+NARROW = "sm90-128x128-k128-wr-narrow"
+
+
+def test_narrow_tiles_come_last_and_every_tile_once():
+    """narrow_last_tiles (the host's twin of NarrowLastScheduler): every (group, token tile, weight tile)
+    once, the narrow ones (a group's last token tile of at most narrow_tokens rows) after all wide ones;
+    round-robin over 132 CTAs on benchmark 0 then gives the busiest CTAs two wide tiles and a narrow one
+    instead of three wide ones."""
+    narrow = hopper.SM90_CONFIGS[NARROW]
+    assert narrow.narrow_tokens == 64 and narrow.tile_m == 128 and narrow.cta_group == 1
+    assert NARROW not in hopper.SM90_TILE_COST_NS  # not sm90_choice's until it has won on an H200
+    for sizes in [tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"]))
+                  for c in TEST_CASES + BENCHMARK_CASES]:
+        tiles = hopper.narrow_last_tiles(sizes, 128, 128, 64)
+        expected = {(g, mt, nt) for g, (m, n, _, _) in enumerate(sizes)
+                    for mt in range(submission.ceil_div(m, 128)) for nt in range(n // 128)}
+        assert sorted((g, mt, nt) for g, mt, nt, _ in tiles) == sorted(expected)
+        assert len(tiles) == submission.tile_count(sizes, narrow)
+        flags = [is_narrow for _, _, _, is_narrow in tiles]
+        assert flags == sorted(flags)  # wide first
+        assert all(is_narrow == (sizes[g][0] - 128 * mt <= 64) for g, mt, _, is_narrow in tiles)
+        assert sum(hopper.wide_m_tiles(m, 128, 64) * (n // 128) for m, n, _, _ in sizes) == flags.count(False)
+    bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
+    schedule = hopper.sm90_schedule(bench0, 132, narrow)
+    assert schedule == submission.Schedule(groups_by_m=True)
+    order = submission.group_order(bench0, schedule)
+    tiles = hopper.narrow_last_tiles([bench0[g] for g in order], 128, 128, 64)
+    ctas = submission.persistent_ctas(len(tiles), 132, schedule.balanced_ctas)
+    per_cta = [[tiles[t][3] for t in submission.cta_tiles(c, ctas, len(tiles), schedule)] for c in range(ctas)]
+    assert ctas == 132 and max(len(p) - sum(p) for p in per_cta) == 2  # at most two wide tiles per CTA
+    assert max(len(p) for p in per_cta) == 3
+
+
+def test_a_narrow_form_multiplies_narrow_tiles_by_half_width_wgmma(report):
+    """Its PTX has a second mainloop whose wgmma has N = narrow_tokens (the stage's first token rows), as many
+    as the wide one's; the other forms have one width only."""
+    for kernel in report["kernels"]:
+        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        with open(kernel["ptx_file"]) as f:
+            ptx = f.read()
+        widths = sorted({int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)})
+        expected = sorted({config.tile_m, config.narrow_tokens} - {0})
+        assert widths == expected, kernel["config"]
+        if config.narrow_tokens:
+            narrow = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.narrow_tokens}k16", ptx)
+            assert len(narrow) == hopper.NUM_REGISTER_BUFFERS * config.tile_k // 16
+
+
 def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_setting_names_one():
     """More tiles than SMs: contiguous ranges, balanced CTAs, groups by M (plan tables in that order); one
     wave: round-robin; a setting with "/SCHEDULE" fixes the schedule for every shape set."""
