@@ -6,6 +6,8 @@
 # Each run writes eval.py's sample trace where its tree has one and prints its samples over 1.5x the median.
 # A variant is LABEL=DIR[:SETTING]: a tree (. for this one; older trees made with
 # `git archive REV | tar -x -C DIR` here and carried along) and an NVFP4_SM90_CONFIG.
+# EXACT=1 first checks each variant against the reference (`scripts/max_error.py`); every run is bounded
+# by VARIANT_TIMEOUT seconds (default 240), so that a variant that hangs does not cost the whole call.
 # Usage, from the repository root:
 #   OUT=... VARIANTS="old=.old new=." ROUND2="old new" TIMELINE="old new" bash scripts/variants-device.sh
 set -uo pipefail
@@ -24,13 +26,22 @@ for v in $VARIANTS; do
 done
 bench() {  # label round
   # a tree whose eval.py has the sample trace writes it (eval.py's NVFP4_SAMPLE_TRACE)
+  # a variant that hangs (an untimed form) costs VARIANT_TIMEOUT seconds, not the call
   (cd "${dirs[$1]}" && NVFP4_SM90_CONFIG=${settings[$1]} NVFP4_SAMPLE_TRACE="$OUT/trace-$1-$2.jsonl" POPCORN_FD=3 \
-      python3 -W ignore eval.py benchmark "$root/cases/benchmarks.txt" 3>"$OUT/$1-$2.txt" >"$OUT/$1-$2.log" 2>&1)
+      timeout "${VARIANT_TIMEOUT:-240}" python3 -W ignore eval.py benchmark "$root/cases/benchmarks.txt" \
+      3>"$OUT/$1-$2.txt" >"$OUT/$1-$2.log" 2>&1) || echo "=== $1 round $2: exit $?"
   echo "=== $1 round $2: $(grep -c 'mean' "$OUT/$1-$2.txt") means, $(grep '^check' "$OUT/$1-$2.txt")," \
        "worst us: $(grep 'worst' "$OUT/$1-$2.txt" | awk '{printf "%.1f ", $2 / 1000}')"
   # samples over 1.5x their benchmark's median, if traced
   [ -f "$OUT/trace-$1-$2.jsonl" ] && python3 "$root/scripts/sample_trace.py" "$OUT/trace-$1-$2.jsonl" | grep -v "sample   [01]:"
 }
+if [ "${EXACT:-0}" = 1 ]; then  # each variant against the reference first (scripts/max_error.py), bounded
+  for label in "${labels[@]}"; do
+    echo "=== $label exact: $(cd "${dirs[$label]}" && NVFP4_SM90_CONFIG=${settings[$label]} timeout "${VARIANT_TIMEOUT:-240}" \
+        python3 -W ignore "$root/scripts/max_error.py" "$root/cases/tests.txt" "$root/cases/benchmarks.txt" 2>&1 \
+        | tail -1 | tr -d "\n"; echo " (exit ${PIPESTATUS[0]})")"
+  done
+fi
 for label in "${labels[@]}"; do bench "$label" 1; done
 for label in ${ROUND2:-}; do bench "$label" 2; done
 python3 - "$OUT" "${labels[@]}" <<'EOF'
