@@ -151,6 +151,8 @@ SM90_CONFIGS = {c.name: c for c in (
     # Not yet timed either (a candidate for benchmark 0: its busiest CTAs would run two wide tiles and a
     # narrow one instead of three wide ones): narrow last token tiles, 64 tokens of wgmma's N.
     Sm90TileConfig("sm90-128x128-k128-wr-narrow", 128, WEIGHT_ROWS, tile_k=128, narrow_tokens=64),
+    Sm90TileConfig("sm90-128x256-k128-wr-pair-narrow", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2,
+                   narrow_tokens=64),
     Sm90TileConfig("sm90-192x256-k64-wr-pair", 192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
