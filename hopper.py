@@ -539,18 +539,10 @@ class NarrowLastScheduler(TileScheduler):
             self.tile, self.group, self.group_first_tile, self.sweep)
         return WorkTile(self.group, m_tile, n_tile, self.tile == self.start, self.problem_sizes, self.tile_mnk[2])
 
-    @cute.jit
-    def first_group(self):
-        group, _, _, _, _ = self._locate(self.tile, cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0))
+    def group_at(self, tile, resume: bool):
+        start = (self.group, self.group_first_tile, self.sweep) if resume else (cutlass.Int32(0),) * 3
+        group, _, _, _, _ = self._locate(tile, *start)
         return group
-
-    @cute.jit
-    def upcoming_group(self):
-        upcoming = self.group
-        following = self.tile + self.stride
-        if following < self.end:
-            upcoming, _, _, _, _ = self._locate(following, self.group, self.group_first_tile, self.sweep)
-        return upcoming
 
     def __get_mlir_types__(self):
         return [self.tile.type, self.group.type, self.group_first_tile.type, self.sweep.type]

@@ -431,12 +431,17 @@ class TileScheduler:
             self.problem_sizes, tile_m, tile_n, self.tile, self.group, self.group_first_tile)
         return WorkTile(self.group, m_tile, n_tile, self.tile == self.start, self.problem_sizes, tile_k)
 
+    def group_at(self, tile, resume: bool):
+        """The group of linear tile `tile`, searched from the current tile's group (`resume`: a later tile of
+        this CTA) or from the first group. A scheduler with another tile order overrides this and `current`."""
+        start = (self.group, self.group_first_tile) if resume else (cutlass.Int32(0), cutlass.Int32(0))
+        group, _, _, _ = locate_tile(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], tile, *start)
+        return group
+
     @cute.jit
     def first_group(self):
-        """The group of this CTA's first tile (a search from group 0; before `current`)."""
-        group, _, _, _ = locate_tile(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], self.tile,
-                                     cutlass.Int32(0), cutlass.Int32(0))
-        return group
+        """The group of this CTA's first tile (before `current`)."""
+        return self.group_at(self.tile, False)
 
     @cute.jit
     def upcoming_group(self):
@@ -444,8 +449,7 @@ class TileScheduler:
         upcoming = self.group
         following = self.tile + self.stride
         if following < self.end:
-            upcoming, _, _, _ = locate_tile(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], following,
-                                            self.group, self.group_first_tile)
+            upcoming = self.group_at(following, True)
         return upcoming
 
     def advance(self) -> None:
