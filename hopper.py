@@ -13,8 +13,11 @@ One kernel per call (the form "weights in registers"), in two phases:
   convert every group's A (the tokens, M <= a few hundred rows) to fp16,
   scaled, into the plan's scratch (`scratch_address`, sized by
   `Sm90TileConfig.plan_words` on the host): each warp claims units (one row's
-  stage of tile_k K) from a counter in the plan's memory until none is left
-  and counts what it converted (`convert_token_share`). The producer requests
+  stage of tile_k K) from a counter in the plan's memory until none is left,
+  stages a claim's units in its rows of the token stages (shared memory no
+  token load fills before every unit is converted), stores them to the
+  scratch, where they are contiguous, 512 bytes per instruction, and counts
+  them (`convert_token_share`). The producer requests
   its first stages' weights at once and their tokens once every unit is
   converted (`wait_for_tokens`). Claims, not fixed shares: no CTA waits for
   one that has not started; the last CTA past the wait sets the counters back
@@ -71,8 +74,10 @@ Warps and pipelines (`WarpRoles`, checked at import):
   TOKENS_READY_BARRIER (named): each MMA warp arrives once it claims no more
       token units, the producer warp waits there before polling the count
 
-Configurations (`SM90_CONFIGS`): only forms that were the fastest on at least
-one benchmark in a measured H200 sweep (docs/hopper.md). The forms that
+Configurations (`SM90_CONFIGS`): forms that were the fastest on at least one
+benchmark in a measured H200 sweep (docs/hopper.md), and candidates compiled
+but not yet timed (the pair and narrow forms; none of them is `sm90_choice`'s
+until it has won somewhere, and those that lose go). The forms that
 dequantize both operands inside the CTA (lockstep, a B-only warpgroup, converter
 warpgroups, with and without a token pre-pass) lost on every benchmark and were
 removed after commit eae43f1, whose hopper.py has them.
