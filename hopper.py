@@ -231,6 +231,31 @@ def ab_consumer_arrives(config: "Sm90TileConfig") -> int:
     return WARP_ROLES.ab_consumer_arrives * config.cta_group
 
 
+def check_ab_arrivals(config: "Sm90TileConfig", cluster_vmnk: tuple) -> None:
+    """Trace time: PipelineTmaAsync's consumer_release (mcast_mode_mn (1, 1), as the kernel creates it) has
+    lane r < cluster size of each consumer warp arrive at rank r's empty barrier when the two CTAs share
+    their (V, M, L) or (V, N, L) coordinates. Every CTA's barrier must then hear exactly
+    `ab_consumer_arrives` arrivals per stage, among them those of every CTA its token loads fill (the
+    CTAs of its M row)."""
+    def coord(rank):  # column-major, as cute.make_layout(shape)
+        out = []
+        for extent in cluster_vmnk:
+            out.append(rank % extent)
+            rank //= extent
+        return out
+    size = 1
+    for extent in cluster_vmnk:
+        size *= extent
+    for me in map(coord, range(size)):
+        others = list(map(coord, range(size)))
+        row = [c for c in others if (c[0], c[1], c[3]) == (me[0], me[1], me[3])]
+        heard = [c for c in others if c in row or (c[0], c[2], c[3]) == (me[0], me[2], me[3])]
+        if ab_consumer_arrives(config) != WARP_ROLES.ab_consumer_arrives * len(heard) or len(row) != size:
+            raise ValueError(f"{config.name}: cluster {cluster_vmnk}: ab consumers {ab_consumer_arrives(config)}, "
+                             f"arrivals {WARP_ROLES.ab_consumer_arrives} x {len(heard)} CTAs, token loads reach "
+                             f"{len(row)} of {size}")
+
+
 def check_sm90_warp_roles() -> None:
     """Arrive counts, row splits, register shares and tile sizes against the
     warp layout, at import (a mismatch would hang a GPU, so it must fail here)."""
@@ -362,9 +387,10 @@ def store_relaxed(address, value) -> None:
     _asm_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "st.relaxed.gpu.global.u32 [$0], $1;", "l,r")
 
 
-def fence_generic_async_global() -> None:
-    """fence.proxy.async.global: orders this thread's generic global accesses with async-proxy ones (TMA)."""
-    _asm_memory(None, [], "fence.proxy.async.global;", "")
+def fence_generic_async(space: str = "") -> None:
+    """fence.proxy.async{space}: orders this thread's generic accesses to `space` (".global"; "" for every
+    state space) with async-proxy ones (TMA)."""
+    _asm_memory(None, [], f"fence.proxy.async{space};", "")
 
 
 def nanosleep(ns: int) -> None:
@@ -475,26 +501,14 @@ def narrow_last_tiles(problem_sizes, tile_m: int, tile_n: int, narrow: int) -> l
 
 
 @cute.jit
-def count_wide_tiles(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.Constexpr[int],
-                     tile_n: cutlass.Constexpr[int], narrow: cutlass.Constexpr[int]):
-    """Tiles of the first sweep (`narrow_last_tiles`)."""
-    total = cutlass.Int32(0)
-    for g in cutlass.range(0, num_groups, 1, unroll=1):
-        total += wide_m_tiles(problem_sizes[g, 0], tile_m, narrow) * ceil_div(problem_sizes[g, 1], tile_n)
-    return total
-
-
-@cute.jit
-def locate_narrow_last(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
-                       narrow: cutlass.Constexpr[int], tile, group, group_first_tile, sweep, wide_total):
+def locate_narrow_last(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.Constexpr[int],
+                       tile_n: cutlass.Constexpr[int], narrow: cutlass.Constexpr[int], tile, group, group_first_tile,
+                       sweep):
     """Linear tile -> (group, its first linear tile, sweep, m-tile, n-tile) in
     the order of `narrow_last_tiles`; the search resumes at the previous
-    tile's group and sweep (a CTA's tiles only increase)."""
-    if sweep == 0:
-        if tile >= wide_total:
-            sweep = cutlass.Int32(1)
-            group = cutlass.Int32(0)
-            group_first_tile = wide_total
+    tile's group and sweep (a CTA's tiles only increase) and turns to the
+    narrow sweep past the last group's wide tiles, so it reads the sizes only
+    as far as `submission.locate_tile` does."""
     m = problem_sizes[group, 0]
     tiles_m = wide_m_tiles(m, tile_m, narrow)
     if sweep == 1:
@@ -503,6 +517,9 @@ def locate_narrow_last(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int
     while tile >= group_end:
         group_first_tile = group_end
         group = group + 1
+        if group == num_groups:  # past every wide tile (a tile below the total is a narrow one)
+            group = cutlass.Int32(0)
+            sweep = cutlass.Int32(1)
         m = problem_sizes[group, 0]
         tiles_m = wide_m_tiles(m, tile_m, narrow)
         if sweep == 1:
@@ -519,25 +536,23 @@ class NarrowLastScheduler(TileScheduler):
     """`submission.TileScheduler` (the same CTA shares of the linear tiles) over
     the order of `narrow_last_tiles`: under round-robin the narrow tiles, half
     the work of a wide one, are the last tiles of the CTAs that get one more
-    tile than others. Carries the sweep with the search state; the first
-    sweep's tile count is fixed."""
+    tile than others. Carries the sweep with the search state."""
 
-    def __init__(self, problem_sizes, tile_mnk, narrow, wide_total, stride, start, end, tile, group,
+    def __init__(self, problem_sizes, tile_mnk, narrow, num_groups, stride, start, end, tile, group,
                  group_first_tile, sweep):
         super().__init__(problem_sizes, tile_mnk, stride, start, end, tile, group, group_first_tile)
-        self.narrow, self.wide_total, self.sweep = narrow, wide_total, sweep
+        self.narrow, self.num_groups, self.sweep = narrow, num_groups, sweep
 
     @staticmethod
     def create(problem_sizes: cute.Tensor, num_groups, total_tiles, tile_mnk, contiguous: bool,
                narrow: int) -> "NarrowLastScheduler":
         base = TileScheduler.create(problem_sizes, total_tiles, tile_mnk, contiguous)
-        wide_total = count_wide_tiles(problem_sizes, num_groups, tile_mnk[0], tile_mnk[1], narrow)
-        return NarrowLastScheduler(problem_sizes, tile_mnk, narrow, wide_total, base.stride, base.start, base.end,
+        return NarrowLastScheduler(problem_sizes, tile_mnk, narrow, num_groups, base.stride, base.start, base.end,
                                    base.tile, base.group, base.group_first_tile, cutlass.Int32(0))
 
     def _locate(self, tile, group, group_first_tile, sweep):
-        return locate_narrow_last(self.problem_sizes, self.tile_mnk[0], self.tile_mnk[1], self.narrow, tile, group,
-                                  group_first_tile, sweep, self.wide_total)
+        return locate_narrow_last(self.problem_sizes, self.num_groups, self.tile_mnk[0], self.tile_mnk[1],
+                                  self.narrow, tile, group, group_first_tile, sweep)
 
     def current(self) -> WorkTile:
         self.group, self.group_first_tile, self.sweep, m_tile, n_tile = self._locate(
@@ -556,7 +571,7 @@ class NarrowLastScheduler(TileScheduler):
         return [x.ir_value() for x in (self.tile, self.group, self.group_first_tile, self.sweep)]
 
     def __new_from_mlir_values__(self, values):
-        return NarrowLastScheduler(self.problem_sizes, self.tile_mnk, self.narrow, self.wide_total, self.stride,
+        return NarrowLastScheduler(self.problem_sizes, self.tile_mnk, self.narrow, self.num_groups, self.stride,
                                    self.start, self.end, *(cutlass.Int32(v) for v in values))
 
 
@@ -595,16 +610,15 @@ class Sm90GroupedGemmKernel:
         self.convert_tokens = config.diagnostic != "skip-token-conversion"
         self.pair = config.cta_group == 2  # a (2,1,1) cluster per tile, the token stages multicast to both
 
+    CLUSTER_VMNK = (1, 1, None, 1)  # (V, M, N, L) CTAs of a tile: cta_group along N
+
     def cluster_layout(self) -> cute.Layout:
         """(V, M, N, L) layout of a tile's CTAs: the pair side by side along the
         weights (N), so that a token load (M side) reaches both. Checked
         against the ab pipeline's arrive count (a mismatch would hang)."""
-        cluster_vmnk = cute.make_layout((1, 1, self.config.cta_group, 1))
-        reach = cute.size(cluster_vmnk, mode=[2])  # CTAs a token load fills; the weights reach one
-        if ab_consumer_arrives(self.config) != self.roles.ab_consumer_arrives * reach:
-            raise ValueError(f"{self.config.name}: ab consumers {ab_consumer_arrives(self.config)}, "
-                             f"token loads reach {reach} CTAs")
-        return cluster_vmnk
+        shape = tuple(self.config.cta_group if n is None else n for n in self.CLUSTER_VMNK)
+        check_ab_arrivals(self.config, shape)
+        return cute.make_layout(shape)
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
@@ -770,6 +784,7 @@ class Sm90GroupedGemmKernel:
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ab_consumer_arrives(self.config)),
             tx_count=self.stage_bytes() - skipped,
             cta_layout_vmnk=self.cluster_layout(),
+            mcast_mode_mn=(1, 1),  # which CTAs a release reaches: `check_ab_arrivals`
         )
         producer_maps = GroupTensormaps(tensormaps, 0, SM90_TENSORMAPS)
         cute.arch.sync_threads()  # barriers initialized
@@ -1156,7 +1171,9 @@ class Sm90GroupedGemmKernel:
         first = self.claim_token_units(counters, per_claim)
         while first < units:
             self.convert_token_units(tokens, first, units, staging)
-            fence_generic_async_global()
+            # the scratch (global), which the producers read by TMA, and the staged rows (shared), which
+            # token loads (this CTA's and the pair's peer's) overwrite once every unit is counted
+            fence_generic_async()
             cute.arch.sync_warp()
             if cute.arch.lane_idx() == 0:
                 count = units - first
@@ -1264,7 +1281,7 @@ class Sm90GroupedGemmKernel:
         while converted < units:
             nanosleep(100)
             converted = load_acquire(counters + CONVERTED)
-        fence_generic_async_global()
+        fence_generic_async(".global")
 
     @cute.jit
     def pass_token_counters(self, tokens: TokenWork):

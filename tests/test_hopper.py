@@ -100,7 +100,8 @@ def test_ptx_has_the_designed_instructions(report, name):
     assert not re.search(eval_module.PTX_FEATURES["tma_load"], before_wait)
     assert not re.search(eval_module.PTX_FEATURES["bulk_copy_load"], before_wait)
     # the token conversion: MMA warps claim units (relaxed atomics), store them 16 bytes at a time, fence
-    # them for the async proxy and count them (release); the producer waits at the tokens' barrier for its
+    # them for the async proxy (every state space: the scratch, and the staged rows that token loads will
+    # overwrite) and count them (release); the producer waits at the tokens' barrier for its
     # CTA's MMA warps, polls the count (acquire), fences, then loads tokens; it counts its CTA as past, and
     # the last CTA sets the three counters back to zero
     producer, mma = gemm[:gemm.rindex("griddepcontrol.wait")], gemm[gemm.rindex("griddepcontrol.wait"):]
@@ -108,7 +109,8 @@ def test_ptx_has_the_designed_instructions(report, name):
     tokens_barrier = rf"(?:{hopper.TOKENS_READY_BARRIER}|%r\d+), (?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);"
     assert len(re.findall(r"atom\.relaxed\.gpu\.global\.add\.u32", mma)) >= 1
     assert len(re.findall(r"red\.release\.gpu\.global\.add\.u32", mma)) == 1
-    assert re.search(rf"fence\.proxy\.async\.global;(?:(?!st\.global).)*red\.release", mma, re.S)
+    assert re.search(rf"fence\.proxy\.async;(?:(?!st\.global|ld\.shared|st\.shared).)*red\.release", mma, re.S)
+    assert "fence.proxy.async.global;" not in mma
     assert len(re.findall(rf"bar\.arrive\s+{tokens_barrier}", mma)) == 1
     conversion = mma[mma.index("atom.relaxed.gpu"):mma.index("bar.arrive")]
     # each lane's units: tile_k fp16 each, staged in shared memory and stored to the scratch 16 bytes per
@@ -287,6 +289,13 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
     assert not any(hopper.SM90_CONFIGS[name].cta_group == 2 for name in hopper.SM90_TILE_COST_NS)
     assert hopper.ab_consumer_arrives(pair) == 2 * hopper.WARP_ROLES.consumer_warps
     assert hopper.ab_consumer_arrives(hopper.SM90_CONFIG) == hopper.WARP_ROLES.consumer_warps
+    # the pipeline's release reach (check_ab_arrivals) against those counts: the kernels' clusters pass, a
+    # cluster whose releases or token loads reach other CTAs than counted fails before anything is launched
+    hopper.check_ab_arrivals(pair, (1, 1, 2, 1))
+    hopper.check_ab_arrivals(hopper.SM90_CONFIG, (1, 1, 1, 1))
+    for config, cluster in ((pair, (1, 2, 2, 1)), (pair, (1, 2, 1, 1)), (hopper.SM90_CONFIG, (1, 1, 2, 1))):
+        with pytest.raises(ValueError, match="ab consumers"):
+            hopper.check_ab_arrivals(config, cluster)
     kernel = pair.make_kernel()
     for n in (128, 384, 4096, 7168):
         blocks = [kernel.weight_tile(submission.WorkTile(0, 0, t, False, None, 128), r)
@@ -479,6 +488,7 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier; the weights' conversion stays
     skipped = by_what["skip-token-conversion"]
     for pattern in (r"\batom\.", r"\bred\.", r"ld\.acquire", r"st\.relaxed", r"fence\.proxy\.async\.global",
+                    r"fence\.proxy\.async;",
                     rf"bar\.arrive\s+{hopper.TOKENS_READY_BARRIER},"):
         assert count(pattern, base) > 0 == count(pattern, skipped), pattern
     assert 0 < count(conversion, skipped) < count(conversion, base)
