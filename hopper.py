@@ -1332,16 +1332,30 @@ def scheduled_by_shape(config: Sm90TileConfig):
 # Fitted before the quarter-row conversion and the staged epilogue; on those the measured winners are still
 # the ones it picks (192 tokens on benchmark 1: 82.4 against 88.1 us; docs/hopper.md, last section).
 SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-192x128-k64-wr": 8.30}
+# A narrow form's narrow tile, as a share of its wide tile's cost (to be fitted once a narrow form is timed;
+# a form with narrow tiles needs an entry here too before it goes into SM90_TILE_COST_NS)
+SM90_NARROW_TILE_SHARE = {}
+
+
+def tile_weights(problem_sizes, config: Sm90TileConfig, schedule: submission.Schedule) -> list:
+    """Each linear tile's K, times the narrow share for a narrow tile, in the kernel's order: groups in
+    `submission.group_order`, numbered as the form's scheduler numbers tiles (`narrow_last_tiles`)."""
+    ordered = [problem_sizes[g] for g in submission.group_order(problem_sizes, schedule)]
+    if config.narrow_tokens:
+        share = SM90_NARROW_TILE_SHARE[config.name]
+        return [ordered[g][2] * (share if narrow else 1.0)
+                for g, _, _, narrow in narrow_last_tiles(ordered, config.tile_m, config.tile_n, config.narrow_tokens)]
+    return [size[2] for size in ordered for _ in range(submission.tile_count([size], config))]
 
 
 def busiest_cta_cost(problem_sizes, num_sms: int, config: Sm90TileConfig) -> float:
-    """Modeled ns of the busiest CTA of `config` under `sm90_schedule` (SM90_TILE_COST_NS per tile and K)."""
+    """Modeled ns of the busiest CTA (or pair) of `config` under `sm90_schedule` (SM90_TILE_COST_NS per tile
+    and K, `tile_weights`)."""
     schedule = sm90_schedule(problem_sizes, num_sms, config)
-    tile_k = [problem_sizes[g][2] for g in submission.group_order(problem_sizes, schedule)
-              for _ in range(submission.tile_count([problem_sizes[g]], config))]
-    ctas = submission.persistent_ctas(len(tile_k), num_sms // config.cta_group, schedule.balanced_ctas)
+    weights = tile_weights(problem_sizes, config, schedule)
+    ctas = submission.persistent_ctas(len(weights), num_sms // config.cta_group, schedule.balanced_ctas)
     return SM90_TILE_COST_NS[config.name] * max(
-        sum(tile_k[t] for t in submission.cta_tiles(cta, ctas, len(tile_k), schedule)) for cta in range(ctas))
+        sum(weights[t] for t in submission.cta_tiles(cta, ctas, len(weights), schedule)) for cta in range(ctas))
 
 
 def sm90_choice(problem_sizes, num_sms: int) -> Sm90TileConfig:

@@ -340,7 +340,7 @@ def test_a_pairs_token_loads_reach_both_ctas_and_each_stage_waits_for_both(repor
 NARROW = "sm90-128x128-k128-wr-narrow"
 
 
-def test_narrow_tiles_come_last_and_every_tile_once():
+def test_narrow_tiles_come_last_and_every_tile_once(monkeypatch):
     """narrow_last_tiles (the host's twin of NarrowLastScheduler): every (group, token tile, weight tile)
     once, the narrow ones (a group's last token tile of at most narrow_tokens rows) after all wide ones;
     round-robin over 132 CTAs on benchmark 0 then gives the busiest CTAs two wide tiles and a narrow one
@@ -368,6 +368,13 @@ def test_narrow_tiles_come_last_and_every_tile_once():
     per_cta = [[tiles[t][3] for t in submission.cta_tiles(c, ctas, len(tiles), schedule)] for c in range(ctas)]
     assert ctas == 132 and max(len(p) - sum(p) for p in per_cta) == 2  # at most two wide tiles per CTA
     assert max(len(p) for p in per_cta) == 3
+    # the cost model in that order (a narrow tile's share and the form's cost are placeholders until timed)
+    monkeypatch.setitem(hopper.SM90_NARROW_TILE_SHARE, NARROW, 0.5)
+    monkeypatch.setitem(hopper.SM90_TILE_COST_NS, NARROW, 1.0)
+    assert hopper.tile_weights(bench0, narrow, schedule) == [7168 * (0.5 if t[3] else 1.0) for t in tiles]
+    assert hopper.busiest_cta_cost(bench0, 132, narrow) == 2.5 * 7168
+    assert hopper.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == 3 * 7168 * hopper.SM90_TILE_COST_NS[
+        hopper.SM90_CONFIG.name]
 
 
 def test_a_narrow_form_multiplies_narrow_tiles_by_half_width_wgmma(report):
