@@ -610,13 +610,11 @@ class Sm90GroupedGemmKernel:
         self.convert_tokens = config.diagnostic != "skip-token-conversion"
         self.pair = config.cta_group == 2  # a (2,1,1) cluster per tile, the token stages multicast to both
 
-    CLUSTER_VMNK = (1, 1, None, 1)  # (V, M, N, L) CTAs of a tile: cta_group along N
-
     def cluster_layout(self) -> cute.Layout:
         """(V, M, N, L) layout of a tile's CTAs: the pair side by side along the
         weights (N), so that a token load (M side) reaches both. Checked
         against the ab pipeline's arrive count (a mismatch would hang)."""
-        shape = tuple(self.config.cta_group if n is None else n for n in self.CLUSTER_VMNK)
+        shape = (1, 1, self.config.cta_group, 1)
         check_ab_arrivals(self.config, shape)
         return cute.make_layout(shape)
 
@@ -1017,8 +1015,9 @@ class Sm90GroupedGemmKernel:
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((WEIGHT_ROWS, self.tile_m)))  # (n, m) of each accumulator
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        # (the weights' fragments and their row, the weights' stages) for `mainloop`
+        # (the weights' fragments and their row, the weights' stages) and the MMAs for `mainloop`
         weights = (tCrW, w_row, wg_tidx % 4, sB, sSFB)
+        wide_mma = (tiled_mma, acc, tCsT)
         narrow_mma = None
         if cutlass.const_expr(self.config.narrow_tokens):
             # a narrow tile: wgmma's N is narrow_tokens, the stage's first token rows; its accumulators are
@@ -1046,11 +1045,9 @@ class Sm90GroupedGemmKernel:
                     state, release_state = self.mainloop(ab_pipeline, narrow_mma, weights, work, state,
                                                          release_state)
                 else:
-                    state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
-                                                         release_state)
+                    state, release_state = self.mainloop(ab_pipeline, wide_mma, weights, work, state, release_state)
             else:
-                state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
-                                                     release_state)
+                state, release_state = self.mainloop(ab_pipeline, wide_mma, weights, work, state, release_state)
             if cutlass.const_expr(self.config.diagnostic != "skip-epilogue"):
                 self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, sC[(None, None, wg)], wg,
                               wg_tidx)
