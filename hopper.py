@@ -1303,10 +1303,11 @@ CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); u
 
 
 def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CONFIG) -> submission.Schedule:
-    """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs,
-    contiguous tile ranges over balanced CTAs (pairs for cta_group 2), groups by descending M (3 and 7 % faster than round-robin on
-    benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule: round-robin. A form with
-    narrow tiles (not yet timed): round-robin over every SM, groups by descending M (`NarrowLastScheduler`)."""
+    """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs
+    (SM pairs for cta_group 2), contiguous tile ranges over balanced CTAs, groups by descending M (3 and 7 % faster
+    than round-robin on benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule:
+    round-robin. A form with narrow tiles (not yet timed): round-robin over every SM, groups by descending M
+    (`NarrowLastScheduler`)."""
     if submission.tile_count(problem_sizes, config) > num_sms // config.cta_group:
         if config.narrow_tokens:  # round-robin over every SM: the narrow tiles are the CTAs' last ones
             return submission.Schedule(groups_by_m=True)

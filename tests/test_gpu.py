@@ -174,6 +174,23 @@ class FewCtasLauncher(submission.GroupedGemmLauncher):
         return cls.SMS
 
 
+def many_small_groups(seed: int):
+    """24 groups of 1-130 tokens, N = 128, K 256 or 512: every tile a group change."""
+    g = 24
+    return generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=seed)
+
+
+def run_on_one_and_two_units(data, config, monkeypatch):
+    """`config` on `data` with a grid of 1, then 2 CTAs (pairs for cta_group 2)."""
+    for units in (1, 2):
+        monkeypatch.setattr(FewCtasLauncher, "SMS", units * config.cta_group)
+        run_config_and_check(data, config, FewCtasLauncher(config=config))
+
+
+needs_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                                  reason="needs a Hopper GPU (sm_90) for hopper.py's kernel")
+
+
 @needs_b200
 @pytest.mark.parametrize("sms", [1, 2])
 @pytest.mark.parametrize("config", list(CANDIDATES))
@@ -182,13 +199,10 @@ def test_b200_one_or_two_ctas_over_many_small_groups(config, sms, monkeypatch):
     pipelines without a pause (the race of cutlass issue 3165 would show here first). A 2-CTA configuration:
     1 or 2 pairs."""
     monkeypatch.setattr(FewCtasLauncher, "SMS", sms * CANDIDATES[config].cta_group)
-    g = 24
-    data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=sms)
-    run_config_and_check(data, CANDIDATES[config], FewCtasLauncher())
+    run_config_and_check(many_small_groups(seed=sms), CANDIDATES[config], FewCtasLauncher())
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                    reason="needs a Hopper GPU (sm_90) for hopper.py's kernel")
+@needs_hopper
 @pytest.mark.parametrize("schedule", list(submission.SCHEDULES))
 def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
     """The scheduler both kernels share, under each schedule, on the Hopper kernel: every test shape, one
@@ -198,15 +212,10 @@ def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
     launcher = submission.GroupedGemmLauncher(config=config)
     for case in TEST_CASES + BENCHMARK_CASES[3:]:
         run_config_and_check(generate_input(**case.args), config, launcher)
-    g = 24
-    data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=5)
-    for sms in (1, 2):
-        monkeypatch.setattr(FewCtasLauncher, "SMS", sms)
-        run_config_and_check(data, config, FewCtasLauncher(config=config))
+    run_on_one_and_two_units(many_small_groups(seed=5), config, monkeypatch)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                    reason="needs a Hopper GPU (sm_90) for hopper.py's kernel")
+@needs_hopper
 @pytest.mark.parametrize("name", list(importlib.import_module("hopper").SM90_CONFIGS))
 def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
     """Each form (those CONFIG_ENV names, `sm90_choice`'s or not) under its schedule per shape set: every
@@ -220,11 +229,7 @@ def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
         data = generate_input(**case.args)
         sizes = tuple(map(tuple, data[3]))
         run_config_and_check(data, hopper.with_schedule(form, hopper.sm90_schedule(sizes, sms, form)), launcher)
-    g = 24
-    data = generate_input(tuple(1 + 37 * i % 130 for i in range(g)), (128,) * g, (256, 512) * (g // 2), g, seed=7)
-    for units in (1, 2):
-        monkeypatch.setattr(FewCtasLauncher, "SMS", units * form.cta_group)
-        run_config_and_check(data, form, FewCtasLauncher(config=form))
+    run_on_one_and_two_units(many_small_groups(seed=7), form, monkeypatch)
 
 
 # ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
