@@ -50,16 +50,18 @@ One kernel per call (the form "weights in registers"), in two phases:
   physical K at each of wgmma's K positions (`stage_k_order`), which leaves
   every dot product unchanged.
 
-Persistent: at most one CTA per SM walks the tiles of all groups with the B200
-kernel's scheduler (`submission.TileScheduler`), on the same run-time tables
-and host path (`submission.GroupedGemmLauncher`). Per shape set custom_kernel
-picks the form (128 or 192 tokens per tile, `sm90_choice`) and the schedule
-(`sm90_schedule`) measured fastest on the H200, unless CONFIG_ENV names them.
-The pair forms (cta_group 2, not yet timed, CONFIG_ENV only) run each tile of
-tile_m tokens x 256 weight rows on a (2,1,1) cluster: each CTA converts and
-multiplies its 128 weight rows, and loads half of each token stage into both
-CTAs (TMA multicast), so that the tokens, four fifths of a CTA's bytes per
-stage, are read from the L2 once per pair.
+Persistent: at most one CTA (or pair) per SM walks the tiles of all groups
+with the B200 kernel's scheduler (`submission.TileScheduler`), on the same
+run-time tables and host path (`submission.GroupedGemmLauncher`). Per shape set
+custom_kernel picks the form (`sm90_choice`, a cost model fitted to H200
+timings) and the schedule (`sm90_schedule`) unless CONFIG_ENV names them.
+The pair forms (cta_group 2) run each tile of tile_m tokens x 256 weight rows
+on a (2,1,1) cluster: each CTA converts and multiplies its 128 weight rows,
+and loads half of each token stage into both CTAs (TMA multicast), so that the
+tokens, four fifths of a CTA's bytes per stage, are read from the L2 once per
+pair. With narrow_tokens, a group's last token tile of at most that many rows
+runs wgmma with N = narrow_tokens, and such tiles come after all others
+(`NarrowLastScheduler`), so that the CTAs that run one run fewer full tiles.
 
 Warps and pipelines (`WarpRoles`, checked at import):
   warps 0-7   MMA warpgroups 0 and 1: their share of the tokens first; then
@@ -74,13 +76,13 @@ Warps and pipelines (`WarpRoles`, checked at import):
   TOKENS_READY_BARRIER (named): each MMA warp arrives once it claims no more
       token units, the producer warp waits there before polling the count
 
-Configurations (`SM90_CONFIGS`): forms that were the fastest on at least one
-benchmark in a measured H200 sweep (docs/hopper.md), and candidates compiled
-but not yet timed (the pair and narrow forms; none of them is `sm90_choice`'s
-until it has won somewhere, and those that lose go). The forms that
-dequantize both operands inside the CTA (lockstep, a B-only warpgroup, converter
-warpgroups, with and without a token pre-pass) lost on every benchmark and were
-removed after commit eae43f1, whose hopper.py has them.
+Configurations (`SM90_CONFIGS`): the forms that were the fastest on at least
+one benchmark in a same-run H200 measurement (docs/hopper.md); those that lost
+everywhere were removed (the last ones after commit abbbe4a: 192 x 128 tiles
+on one CTA, the pair form without narrow tiles, narrow tiles on one CTA). The
+forms that dequantize both operands inside the CTA (lockstep, a B-only
+warpgroup, converter warpgroups, with and without a token pre-pass) lost on
+every benchmark and were removed after commit eae43f1, whose hopper.py has them.
 """
 import dataclasses
 import os
@@ -142,25 +144,20 @@ class Sm90TileConfig(TileConfig):
 DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-token-conversion", "skip-epilogue", "no-pdl")
 # exact results: selectable by CONFIG_ENV
 EXACT_DIAGNOSTICS = ("no-pdl",)
-# Figures: docs/hopper.md (same-run H200 timings: the default is the fastest on benchmarks 0, 2 and 3,
-# 192 tokens per tile on benchmark 1; 256 tokens per tile and 128 x 128 with 64 K per stage were the
-# fastest nowhere and were removed, as was the swizzled packed stage once the fragment loads stopped
-# conflicting).
+# Figures: docs/hopper.md. Same-run H200 timings (2026-12-05): the default is the fastest on benchmarks 2 and 3;
+# the pair form with narrow last token tiles on benchmark 0 (128.7 against 131.1 us), the 192-token pair form on
+# benchmark 1 (72.5 against 78.5 us for 192 tokens on one CTA). Removed, as the fastest nowhere: 192 x 128 with
+# 64 K per stage (benchmark 1's form until the pairs), the pair form without narrow tiles (129.3 on benchmark 0)
+# and narrow tiles on one CTA (141.5); before them 256 tokens per tile, 128 x 128 with 64 K per stage and the
+# swizzled packed stage (once the fragment loads stopped conflicting).
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k128-wr", 128, WEIGHT_ROWS, tile_k=128),
-    Sm90TileConfig("sm90-192x128-k64-wr", 192, WEIGHT_ROWS, tile_k=64),
-    # The pair forms are not yet timed (candidates: each CTA reads half the token bytes from the L2;
-    # docs/hopper.md, last section): selectable by CONFIG_ENV, not among `sm90_choice`'s forms until they
-    # have won on an H200.
-    Sm90TileConfig("sm90-128x256-k128-wr-pair", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2),
-    # Not yet timed either (a candidate for benchmark 0: its busiest CTAs would run two wide tiles and a
-    # narrow one instead of three wide ones): narrow last token tiles, 64 tokens of wgmma's N.
-    Sm90TileConfig("sm90-128x128-k128-wr-narrow", 128, WEIGHT_ROWS, tile_k=128, narrow_tokens=64),
+    # (2,1,1) clusters: each CTA reads half of each token stage from the L2 and multicasts it to both
     Sm90TileConfig("sm90-128x256-k128-wr-pair-narrow", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2,
                    narrow_tokens=64),
     Sm90TileConfig("sm90-192x256-k64-wr-pair", 192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
 )}
-SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take the 192-token one)
+SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take a pair form)
 # Timing experiments (`eval.py sweep --diagnose`), each on the default form.
 # Exact results: "no-pdl" launches the GEMM without programmatic dependent launch.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
@@ -1306,8 +1303,9 @@ def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CON
     """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs
     (SM pairs for cta_group 2), contiguous tile ranges over balanced CTAs, groups by descending M (3 and 7 % faster
     than round-robin on benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule:
-    round-robin. A form with narrow tiles (not yet timed): round-robin over every SM, groups by descending M
-    (`NarrowLastScheduler`)."""
+    round-robin. A form with narrow tiles: round-robin over every SM (pair), groups by descending M, so that the
+    narrow tiles are the last ones of the CTAs that run one (`NarrowLastScheduler`; benchmark 0, measured only
+    this way)."""
     if submission.tile_count(problem_sizes, config) > num_sms // config.cta_group:
         if config.narrow_tokens:  # round-robin over every SM: the narrow tiles are the CTAs' last ones
             return submission.Schedule(groups_by_m=True)
@@ -1324,15 +1322,18 @@ def scheduled_by_shape(config: Sm90TileConfig):
     return lambda problem_sizes, num_sms: with_schedule(config, sm90_schedule(problem_sizes, num_sms, config))
 
 
-# The forms custom_kernel chooses among when CONFIG_ENV names none, with their measured cost of one tile per K
-# (ns; H200, docs/hopper.md "Per-shape form"): time ~ a fixed part + the busiest CTA's sum of K x cost. The
-# wider token tile costs 1.25x per tile and wins where it cuts the tiles per CTA by more (benchmark 1: 4 for 6).
-# Fitted before the quarter-row conversion and the staged epilogue; on those the measured winners are still
-# the ones it picks (192 tokens on benchmark 1: 82.4 against 88.1 us; docs/hopper.md, last section).
-SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-192x128-k64-wr": 8.30}
-# A narrow form's narrow tile, as a share of its wide tile's cost (to be fitted once a narrow form is timed;
-# a form with narrow tiles needs an entry here too before it goes into SM90_TILE_COST_NS)
-SM90_NARROW_TILE_SHARE = {}
+# The forms custom_kernel chooses among when CONFIG_ENV names none, with their cost of one tile per K (ns; a
+# pair's tile: each CTA's half): time ~ a fixed part + the busiest CTA's (or pair's) sum of K x cost. Ratios of
+# same-run H200 means (docs/hopper.md, "Measured: staged stores, pairs and narrow tiles"): the default's 6.64
+# (fitted earlier, docs/hopper.md "Per-shape form"); the narrow pair's wide tile x 30.8 / 30.4 (benchmark 2,
+# one wide tile per CTA either way) and its narrow tile's share from benchmark 0 (2 wide + 1 narrow per pair
+# against 3: 128.7 against 131.1 us); the 192-token pair x 72.5 / 78.5 of 192 x 128 on one CTA (benchmark 1,
+# 4 tiles per pair or CTA either way; that form's cost was 8.30). One wave (benchmarks 2, 3): the default.
+SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-128x256-k128-wr-pair-narrow": 6.73,
+                     "sm90-192x256-k64-wr-pair": 7.66}
+# A narrow form's narrow tile, as a share of its wide tile's cost: most of a tile's time converts the weights,
+# which a narrow tile does in full
+SM90_NARROW_TILE_SHARE = {"sm90-128x256-k128-wr-pair-narrow": 0.91}
 
 
 def tile_weights(problem_sizes, config: Sm90TileConfig, schedule: submission.Schedule) -> list:

@@ -61,11 +61,13 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
                 for c in TEST_CASES + BENCHMARK_CASES]
     plans = report["shape_sets"]
     assert [p["problem_sizes"] for p in plans[:14]] == expected
-    # custom_kernel's choice (sm90_choice): benchmark 1 takes 192 tokens per tile, every shape set its schedule
+    # custom_kernel's choice (sm90_choice): benchmark 0 takes the narrow pair, benchmark 1 the 192-token pair,
+    # every shape set its schedule
     assert all(p["config"] == hopper.sm90_choice(tuple(map(tuple, p["problem_sizes"])), 132).name
                and p["tiles"] >= 1 for p in plans)
-    assert plans[11]["config"] == "sm90-192x128-k64-wr/contiguous+balanced+by-m"
-    assert {p["config"].split("/")[1] for p in plans} == {"round-robin", "contiguous+balanced+by-m"}
+    assert plans[10]["config"] == "sm90-128x256-k128-wr-pair-narrow/by-m"
+    assert plans[11]["config"] == "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m"
+    assert {p["config"].split("/")[1] for p in plans} == {"round-robin", "by-m", "contiguous+balanced+by-m"}
     assert {p["kernel"] for p in plans} <= {k["config"] for k in report["kernels"]}
 
 
@@ -276,7 +278,7 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
     assert shape.tiles == 2 + 3 and shape.ctas == 5
 
 
-PAIR = "sm90-128x256-k128-wr-pair"
+PAIR = "sm90-128x256-k128-wr-pair-narrow"
 
 
 def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
@@ -285,8 +287,9 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
     once, plus one past N where N / 128 is odd (its loads read zeros, its stores are left out)."""
     pair = hopper.SM90_CONFIGS[PAIR]
     assert pair.cta_group == 2 and pair.tile_n == 2 * hopper.WEIGHT_ROWS and pair.tile_m == hopper.SM90_CONFIG.tile_m
-    # not sm90_choice's until they have won on an H200
-    assert not any(hopper.SM90_CONFIGS[name].cta_group == 2 for name in hopper.SM90_TILE_COST_NS)
+    # each pair form won a benchmark on an H200 (docs/hopper.md): sm90_choice's
+    assert {name for name in hopper.SM90_TILE_COST_NS if hopper.SM90_CONFIGS[name].cta_group == 2} == {
+        PAIR, "sm90-192x256-k64-wr-pair"}
     assert hopper.ab_consumer_arrives(pair) == 2 * hopper.WARP_ROLES.consumer_warps
     assert hopper.ab_consumer_arrives(hopper.SM90_CONFIG) == hopper.WARP_ROLES.consumer_warps
     # the pipeline's release reach (check_ab_arrivals) against those counts: the kernels' clusters pass, a
@@ -304,7 +307,12 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
         assert len(blocks) - n // 128 == (n // 128) % 2
     bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
     plan = submission.shape_plan(bench0, -1, 132, hopper.with_schedule(pair, hopper.sm90_schedule(bench0, 132, pair)))
-    assert plan.tiles == 11 * 16 and plan.ctas == submission.persistent_ctas(176, 66, balanced=True) <= 66
+    assert plan.tiles == 11 * 16 and plan.ctas == 66  # more tiles than pairs: round-robin (narrow tiles last)
+    assert plan.config.schedule == submission.Schedule(groups_by_m=True)
+    pair192 = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
+    plan = submission.shape_plan(bench0, -1, 132, hopper.with_schedule(pair192, hopper.sm90_schedule(bench0, 132,
+                                                                                                     pair192)))
+    assert plan.tiles == 9 * 16 and plan.ctas == submission.persistent_ctas(144, 66, balanced=True) <= 66
     assert plan.config.schedule == submission.Schedule(True, True, True)  # more tiles than pairs
     one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))
     assert hopper.sm90_schedule(one_wave, 132, pair) == submission.Schedule()  # 64 tiles, 66 pairs
@@ -337,42 +345,43 @@ def test_a_pairs_token_loads_reach_both_ctas_and_each_stage_waits_for_both(repor
         assert gemm.index("barrier.cluster.wait") < gemm.index("griddepcontrol.wait")
 
 
-NARROW = "sm90-128x128-k128-wr-narrow"
+NARROW = "sm90-128x256-k128-wr-pair-narrow"
 
 
-def test_narrow_tiles_come_last_and_every_tile_once(monkeypatch):
+def test_narrow_tiles_come_last_and_every_tile_once():
     """narrow_last_tiles (the host's twin of NarrowLastScheduler): every (group, token tile, weight tile)
     once, the narrow ones (a group's last token tile of at most narrow_tokens rows) after all wide ones;
-    round-robin over 132 CTAs on benchmark 0 then gives the busiest CTAs two wide tiles and a narrow one
-    instead of three wide ones."""
+    round-robin over 66 pairs on benchmark 0 then gives the busiest pairs two wide tiles and a narrow one
+    instead of three wide ones, which the cost model counts at the narrow share."""
     narrow = hopper.SM90_CONFIGS[NARROW]
-    assert narrow.narrow_tokens == 64 and narrow.tile_m == 128 and narrow.cta_group == 1
-    assert NARROW not in hopper.SM90_TILE_COST_NS  # not sm90_choice's until it has won on an H200
+    assert narrow.narrow_tokens == 64 and narrow.tile_m == 128 and narrow.tile_n == 256
     for sizes in [tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"]))
                   for c in TEST_CASES + BENCHMARK_CASES]:
-        tiles = hopper.narrow_last_tiles(sizes, 128, 128, 64)
+        tiles = hopper.narrow_last_tiles(sizes, 128, 256, 64)
         expected = {(g, mt, nt) for g, (m, n, _, _) in enumerate(sizes)
-                    for mt in range(submission.ceil_div(m, 128)) for nt in range(n // 128)}
+                    for mt in range(submission.ceil_div(m, 128)) for nt in range(submission.ceil_div(n, 256))}
         assert sorted((g, mt, nt) for g, mt, nt, _ in tiles) == sorted(expected)
         assert len(tiles) == submission.tile_count(sizes, narrow)
         flags = [is_narrow for _, _, _, is_narrow in tiles]
         assert flags == sorted(flags)  # wide first
         assert all(is_narrow == (sizes[g][0] - 128 * mt <= 64) for g, mt, _, is_narrow in tiles)
-        assert sum(hopper.wide_m_tiles(m, 128, 64) * (n // 128) for m, n, _, _ in sizes) == flags.count(False)
+        assert sum(hopper.wide_m_tiles(m, 128, 64) * submission.ceil_div(n, 256)
+                   for m, n, _, _ in sizes) == flags.count(False)
     bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
     schedule = hopper.sm90_schedule(bench0, 132, narrow)
     assert schedule == submission.Schedule(groups_by_m=True)
     order = submission.group_order(bench0, schedule)
-    tiles = hopper.narrow_last_tiles([bench0[g] for g in order], 128, 128, 64)
-    ctas = submission.persistent_ctas(len(tiles), 132, schedule.balanced_ctas)
-    per_cta = [[tiles[t][3] for t in submission.cta_tiles(c, ctas, len(tiles), schedule)] for c in range(ctas)]
-    assert ctas == 132 and max(len(p) - sum(p) for p in per_cta) == 2  # at most two wide tiles per CTA
-    assert max(len(p) for p in per_cta) == 3
-    # the cost model in that order (a narrow tile's share and the form's cost are placeholders until timed)
-    monkeypatch.setitem(hopper.SM90_NARROW_TILE_SHARE, NARROW, 0.5)
-    monkeypatch.setitem(hopper.SM90_TILE_COST_NS, NARROW, 1.0)
-    assert hopper.tile_weights(bench0, narrow, schedule) == [7168 * (0.5 if t[3] else 1.0) for t in tiles]
-    assert hopper.busiest_cta_cost(bench0, 132, narrow) == 2.5 * 7168
+    tiles = hopper.narrow_last_tiles([bench0[g] for g in order], 128, 256, 64)
+    pairs = submission.persistent_ctas(len(tiles), 66, schedule.balanced_ctas)
+    per_pair = [[tiles[t][3] for t in submission.cta_tiles(c, pairs, len(tiles), schedule)] for c in range(pairs)]
+    assert pairs == 66 and max(len(p) - sum(p) for p in per_pair) == 2  # at most two wide tiles per pair
+    assert max(len(p) for p in per_pair) == 3
+    # the cost model in that order
+    share = hopper.SM90_NARROW_TILE_SHARE[NARROW]
+    assert 0 < share < 1
+    assert hopper.tile_weights(bench0, narrow, schedule) == [7168 * (share if t[3] else 1.0) for t in tiles]
+    assert hopper.busiest_cta_cost(bench0, 132, narrow) == pytest.approx(
+        (2 + share) * 7168 * hopper.SM90_TILE_COST_NS[NARROW])
     assert hopper.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == 3 * 7168 * hopper.SM90_TILE_COST_NS[
         hopper.SM90_CONFIG.name]
 
@@ -398,11 +407,11 @@ def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_s
     from reference import generate_input
     sms = 132
     multi_wave = ((80, 4096, 7168, 1), (176, 4096, 7168, 1), (248, 4096, 7168, 1), (64, 4096, 7168, 1),
-                  (128, 4096, 7168, 1))  # 6 x 32 = 192 tiles
-    one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))  # 128 tiles
+                  (128, 4096, 7168, 1))  # 7 x 32 = 224 tiles of 128 x 128, 6 x 16 = 96 pair tiles of 192 x 256
+    one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))  # 128 tiles, 48 pair tiles
     assert submission.tile_count(multi_wave, hopper.SM90_CONFIG) > sms >= submission.tile_count(
         one_wave, hopper.SM90_CONFIG)
-    for setting in (None, "", hopper.SM90_CONFIG.name, "sm90-192x128-k64-wr"):
+    for setting in (None, "", hopper.SM90_CONFIG.name, "sm90-192x256-k64-wr-pair"):
         launcher = hopper.launcher_for_setting(setting)
         base = hopper.config_from_setting(setting)  # unset: sm90_choice keeps the default form on these
         assert launcher.config is None
@@ -411,7 +420,8 @@ def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_s
         assert plan.config.name == f"{base.name}/contiguous+balanced+by-m"
         assert dataclasses.replace(plan.config, name=base.name, schedule=base.schedule) == base
         assert plan.order == (2, 1, 4, 0, 3)  # descending M
-        assert plan.ctas == submission.persistent_ctas(plan.tiles, sms, balanced=True) < sms
+        units = sms // base.cta_group  # CTAs or pairs
+        assert plan.ctas == submission.persistent_ctas(plan.tiles, units, balanced=True) < units
         plan = submission.shape_plan(one_wave, -1, sms, launcher.config, launcher.choose)
         assert plan.config.schedule == submission.Schedule() and plan.order == (0, 1) and plan.ctas == plan.tiles
     fixed = hopper.launcher_for_setting("/contiguous")
@@ -427,18 +437,22 @@ def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_s
     assert seen == [(tuple(map(tuple, data[3])), 7)] and shape.config is hopper.SM90_CONFIG
 
 
-def test_custom_kernel_takes_192_tokens_per_tile_where_that_cuts_the_busiest_cta_by_more_than_its_cost():
-    """sm90_choice on the benchmarks as measured (docs/hopper.md): 192 tokens per tile only for benchmark 1
-    (504 tiles, 4 per CTA, for 728, 6 per CTA); the busiest CTA's cost counts each tile's K."""
+def test_custom_kernel_takes_a_pair_form_where_the_cost_model_says_it_cuts_the_busiest_pair_by_more_than_its_cost():
+    """sm90_choice on the benchmarks as measured (docs/hopper.md): the narrow pair on benchmark 0 (2 wide tiles
+    and a narrow one per busiest pair, for 3 per CTA), the 192-token pair on benchmark 1 (252 tiles, 4 per pair,
+    for 728, 6 per CTA), the default on the one-wave benchmarks; the busiest CTA's cost counts each tile's K."""
     sms = 132
     picks = [hopper.sm90_choice(tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])),
                                 sms).name for c in BENCHMARK_CASES]
-    assert picks == ["sm90-128x128-k128-wr/contiguous+balanced+by-m", "sm90-192x128-k64-wr/contiguous+balanced+by-m",
+    assert picks == ["sm90-128x256-k128-wr-pair-narrow/by-m", "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m",
                      "sm90-128x128-k128-wr/round-robin", "sm90-128x128-k128-wr/round-robin"]
-    wide, default = hopper.SM90_CONFIGS["sm90-192x128-k64-wr"], hopper.SM90_CONFIG
+    wide, default = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"], hopper.SM90_CONFIG
     sizes = tuple((m, 7168, 2048, 1) for m in (40, 76, 168, 72, 164, 148, 196, 160))
     assert hopper.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper.SM90_TILE_COST_NS[default.name]
     assert hopper.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper.SM90_TILE_COST_NS[wide.name]
+    # one tile per CTA or pair: a pair's tile costs more than the default's
+    assert all(hopper.SM90_TILE_COST_NS[name] > hopper.SM90_TILE_COST_NS[default.name]
+               for name in hopper.SM90_TILE_COST_NS if name != default.name)
     # groups of different K: the CTA holding the long group's tiles is the busiest
     mixed = ((128, 128, 8192, 1), (128, 128, 256, 1))
     assert hopper.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper.SM90_TILE_COST_NS[default.name]
@@ -551,7 +565,7 @@ def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout(
 
 def test_the_configuration_setting():
     assert hopper.config_from_setting(None) is hopper.config_from_setting("") is hopper.SM90_CONFIG
-    assert hopper.config_from_setting("sm90-192x128-k64-wr") is hopper.SM90_CONFIGS["sm90-192x128-k64-wr"]
+    assert hopper.config_from_setting("sm90-192x256-k64-wr-pair") is hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
     with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG='k99': expected one of sm90-"):
         hopper.config_from_setting("k99")
 
@@ -577,7 +591,7 @@ def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
 def test_sweep_picks_configurations_by_name():
     import eval as ev
     assert ev.sweep_configs() == list(hopper.SM90_CONFIGS.values())
-    assert ev.sweep_configs(["192x128"]) == [hopper.SM90_CONFIGS["sm90-192x128-k64-wr"]]
+    assert ev.sweep_configs(["128x128"]) == [hopper.SM90_CONFIG]
     assert [c.name for c in ev.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]
     with_diagnostics = ev.sweep_configs(["k128-wr"], diagnose=True)
     assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
