@@ -1331,8 +1331,9 @@ def scheduled_by_shape(config: Sm90TileConfig):
 # 4 tiles per pair or CTA either way; that form's cost was 8.30). One wave (benchmarks 2, 3): the default.
 SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-128x256-k128-wr-pair-narrow": 6.73,
                      "sm90-192x256-k64-wr-pair": 7.66}
-# A narrow form's narrow tile, as a share of its wide tile's cost: most of a tile's time converts the weights,
-# which a narrow tile does in full
+# A narrow form's narrow tile, as a share of its wide tile's cost (fitted on benchmark 0, where it also absorbs
+# round-robin's cost against contiguous ranges: the model has no schedule term; docs/hopper.md says where
+# that makes it weak). Likely near 1 because a narrow tile halves wgmma's work but converts all its weights.
 SM90_NARROW_TILE_SHARE = {"sm90-128x256-k128-wr-pair-narrow": 0.91}
 
 
