@@ -5,7 +5,9 @@
 if ! python3 -c "import cutlass" 2>/dev/null; then
   for archive in .cutedsl/cutedsl-*.tar.xz; do
     [ -f "$archive" ] || continue
-    mkdir -p /tmp/cutedsl && tar -C /tmp/cutedsl -xJf "$archive"
+    # a warm machine's second call finds it unpacked already
+    done_mark=/tmp/cutedsl/.unpacked-$(basename "$archive")
+    [ -f "$done_mark" ] || { mkdir -p /tmp/cutedsl && tar -C /tmp/cutedsl -xJf "$archive" && touch "$done_mark"; }
     export PYTHONPATH=/tmp/cutedsl/nvidia_cutlass_dsl/python_packages:/tmp/cutedsl/nvidia_cutlass_dsl/dsl_packages:/tmp/cutedsl:${PYTHONPATH:-}
   done
 fi
