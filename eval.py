@@ -1,6 +1,6 @@
 """Run, check, time and compile `submission.py`, here as on the leaderboard.
 
-Leaderboard protocol (what the GPU MODE runner does; TASK.md):
+Leaderboard protocol (what the GPU MODE runner does; docs/contract.md):
 
     POPCORN_FD=3 python eval.py {test|benchmark|leaderboard|profile} FILE 3>result.txt
 
@@ -16,7 +16,11 @@ People:
     python eval.py sweep [--only PART] [--diagnose]   # Hopper GPU: hopper.py's configurations vs grouped_mm
 
 `compile` needs no GPU: CuTe DSL compiles for the architecture CUTE_DSL_ARCH
-names; the PTX goes through CUDA's `ptxas -v` for registers and spills.
+names; the PTX goes through `ptxas -v` for registers and spills (the ptxas of
+the nvidia-cuda-nvcc wheel unless PTXAS or PATH names another; toolchain.py),
+and the results are cached. A bad command line is one line on stderr and exit
+2, before anything is imported or compiled. Installed, the console command
+`nvfp4-group-gemm` is this file's `main`.
 """
 import argparse
 import base64
@@ -29,17 +33,22 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Optional
 
-from harness import (NUM_INPUTS_PER_BENCHMARK, benchmark_inputs, clone_data, flush_description, flush_l2,
-                     load_submission)
+from nvfp4_group_gemm.casefile import (SHAPE_RULES, SPEC_EXAMPLE, BadCase, MalformedTestFile,  # noqa: F401
+                                       TestCase, check_case, combine_seeds, parse_shape, parse_test_line,
+                                       problem_sizes_of, read_test_file)
+from nvfp4_group_gemm import toolchain
+from nvfp4_group_gemm.harness import (NUM_INPUTS_PER_BENCHMARK, benchmark_inputs, clone_data, flush_description,
+                                      flush_l2, load_submission)
 
-# As on the leaderboard: nothing compiled is reused from disk.
+# As on the leaderboard: nothing the DSL compiled is reused from disk (the compile gate's own cache keeps
+# ptxas reports, not binaries).
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
 
 ROOT = Path(__file__).resolve().parent
@@ -48,7 +57,7 @@ BENCHMARKS_FILE = ROOT / "cases" / "benchmarks.txt"
 
 H100_SM_COUNT = 132  # the smaller of the H100 and H200 (both 132 SMs), for Hopper plans
 
-EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED, EXIT_NO_FD, EXIT_BAD_FILE = 0, 2, 112, 111, 113
+EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED = 0, 2, 112
 
 # B200 speed of light as the problem statement computes it: at 1.5 GHz, the
 # larger of FP4 tensor-core time and DRAM time. 7.68 TB/s reproduces the
@@ -56,68 +65,6 @@ EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED, EXIT_NO_FD, EXIT_BAD_FILE = 0, 2, 112, 111,
 # assumes 148 SMs x 32768 dense FP4 FLOP per clock.
 B200_DRAM_BYTES_PER_S = 7.68e12
 B200_FP4_FLOPS = 148 * 32768 * 1.5e9
-
-TEST_LINE_PART = re.compile(
-    r"\s*([a-zA-Z_]+)\s*:\s*(\[[^\]]*\]|\([^)]*\)|[a-zA-Z_]+|[+-]?[0-9]+)\s*")
-
-
-# =============================================================================
-# Test files
-# =============================================================================
-class MalformedTestFile(Exception):
-    pass
-
-
-@dataclasses.dataclass
-class TestCase:
-    args: dict
-    spec: str
-
-
-def parse_value(text: str):
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    if (text[0], text[-1]) in (("(", ")"), ("[", "]")):
-        inner = text[1:-1].strip()
-        try:
-            return tuple(int(x.strip()) for x in inner.split(",")) if inner else tuple()
-        except ValueError:
-            return text
-    return text
-
-
-def parse_test_line(line: str) -> dict:
-    case = {}
-    for part in line.split(";"):
-        match = TEST_LINE_PART.fullmatch(part)
-        if not match:
-            raise MalformedTestFile(f"invalid test case: '{line}': '{part}'")
-        case[match[1]] = parse_value(match[2])
-    return case
-
-
-def combine_seeds(a: int, b: int) -> int:
-    """Mix the secret POPCORN_SEED b into a case's public seed a (Cantor pairing)."""
-    return int(a + (a + b) * (a + b + 1) // 2)
-
-
-def read_test_file(path, seed: Optional[int] = None) -> list:
-    try:
-        content = Path(path).read_text()
-    except Exception as error:
-        raise MalformedTestFile(f"Could not open test file `{path}`: {error}")
-    cases = [TestCase(args=parse_test_line(line), spec=line) for line in content.splitlines()]
-    if seed is not None:
-        for case in cases:
-            if "seed" in case.args:
-                case.args["seed"] = combine_seeds(case.args["seed"], seed)
-    return cases
-
-
-def problem_sizes_of(args: dict) -> list:
-    return [(m, n, k, 1) for m, n, k in zip(args["m"], args["n"], args["k"])]
 
 
 # =============================================================================
@@ -170,7 +117,7 @@ def describe_error(error: BaseException) -> str:
 def run_single_test(args: dict):
     """(passed, message) for one test case: generate, run once, check."""
     import torch
-    from reference import check_implementation, generate_input
+    from nvfp4_group_gemm.reference import check_implementation, generate_input
     try:
         custom_kernel = load_submission().custom_kernel
         data = generate_input(**args)
@@ -249,7 +196,7 @@ def run_single_benchmark(args: dict, recheck: bool, max_repeats: int, max_time_n
     once the standard error is under 0.1 % of the mean, the time budget
     (mean x runs > max_time_ns) is used, or 120 s have passed."""
     import torch
-    from reference import check_implementation
+    from nvfp4_group_gemm.reference import check_implementation
     try:
         custom_kernel = load_submission().custom_kernel
         inputs = benchmark_inputs(args)
@@ -305,7 +252,7 @@ def run_single_profile(args: dict) -> str:
 def _profile_table(args: dict) -> str:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from reference import generate_input
+    from nvfp4_group_gemm.reference import generate_input
     custom_kernel = load_submission().custom_kernel
     data = generate_input(**args)
     activities = [ProfilerActivity.CPU]
@@ -408,22 +355,31 @@ def protocol_profile(logger, pool, cases) -> int:
 PROTOCOL_MODES = ("test", "benchmark", "leaderboard", "profile")
 
 
+class UsageError(Exception):
+    """A command line that cannot run: said in one line, exit EXIT_BAD_ARGS, before anything is compiled."""
+
+
 def protocol_main(argv: list) -> int:
+    mode = argv[0]
     fd = os.getenv("POPCORN_FD")
     if not fd:
-        return EXIT_NO_FD
-    if len(argv) < 2:
-        print(f"usage: POPCORN_FD=N python eval.py {argv[0]} TESTFILE", file=sys.stderr)
-        return EXIT_BAD_ARGS
-    mode, path = argv[0], argv[1]
+        raise UsageError(f"{mode}: POPCORN_FD is not set. '{mode}' is a leaderboard protocol mode "
+                         f"(POPCORN_FD=3 python eval.py {mode} cases/tests.txt 3>result.txt); "
+                         "for the task's tests on this machine run 'python eval.py tests'")
+    if len(argv) != 2:
+        raise UsageError(f"{mode}: expected one test file (POPCORN_FD=N python eval.py {mode} FILE), "
+                         f"got {len(argv) - 1} arguments")
+    path = argv[1]
     seed = os.getenv("POPCORN_SEED")
     os.environ.pop("POPCORN_SEED", None)
-    seed = int(seed) if seed else None
     try:
-        cases = read_test_file(path, seed)
+        seed = int(seed) if seed else None
+    except ValueError:
+        raise UsageError(f"{mode}: POPCORN_SEED={seed!r} is not an integer") from None
+    try:
+        cases = read_test_file(path, seed, check=True)
     except MalformedTestFile as error:
-        print(error, file=sys.stderr)
-        return EXIT_BAD_FILE
+        raise UsageError(f"{mode}: {error}") from None
     with PopcornOutput(int(fd)) as logger:
         context = multiprocessing.get_context("spawn")
         with context.Pool(1, initializer=_init_worker) as pool:
@@ -437,12 +393,6 @@ def protocol_main(argv: list) -> int:
 # =============================================================================
 # Compile for B200 without a GPU
 # =============================================================================
-def find_ptxas() -> Optional[str]:
-    candidates = [os.environ.get("PTXAS"), shutil.which("ptxas")]
-    candidates += sorted(str(p) for p in Path("/usr/local").glob("cuda*/bin/ptxas"))
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
-
-
 class PtxasTooOld(RuntimeError):
     """The PTX is newer than the ptxas at hand (the DSL's CUDA 13 builds emit newer PTX)."""
 
@@ -565,7 +515,7 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ptx", CUTE_DSL_KEEP_PTX="1",
                       CUTE_DSL_DUMP_DIR=dump_dir)
     import importlib.metadata
-    import submission
+    from nvfp4_group_gemm import submission
     row = {"config": config_name, "arch": arch, "ok": False,
            "cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl")
            if _has_distribution("nvidia-cutlass-dsl") else "?"}
@@ -573,7 +523,7 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     ptx, stopped_at = "", None
     hopper = None
     if is_hopper_arch(arch):
-        import hopper
+        from nvfp4_group_gemm import hopper
     config = config_named(config_name, arch)
     kernel = config.make_kernel()
     try:
@@ -607,9 +557,10 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
             Path(keep_dir).mkdir(parents=True, exist_ok=True)
             row["ptx_file"] = str(Path(keep_dir) / f"{file_stem(config_name)}.{arch}.ptx")
             Path(row["ptx_file"]).write_text(ptx.replace("\x00", ""))
-        ptxas = find_ptxas()
-        if ptxas is None:
-            raise RuntimeError("ptxas not found (set PTXAS or put CUDA's bin on PATH)")
+        found = toolchain.find_ptxas()
+        if found is None:
+            raise RuntimeError(PTXAS_MISSING)
+        ptxas = row["ptxas"] = found.path
         row.update(ptxas_report(ptx, arch, ptxas))
         if builder_ptx:
             row["builder_ptx_features"] = ptx_features(builder_ptx)
@@ -657,9 +608,9 @@ def kernel_configs(arch: str) -> list:
     """The configurations compiled for `arch`: every B200 tile configuration,
     or every configuration of the Hopper kernel, each round-robin and with
     contiguous tile ranges (compiled in; the rest of a schedule is host side)."""
-    import submission
+    from nvfp4_group_gemm import submission
     if is_hopper_arch(arch):
-        import hopper
+        from nvfp4_group_gemm import hopper
         candidates = [hopper.with_schedule(c, s) for c in hopper.SM90_CONFIGS.values()
                       for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
     else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones
@@ -673,7 +624,7 @@ def kernel_configs(arch: str) -> list:
 
 def config_named(name: str, arch: str):
     """A configuration of `arch` by name, "NAME/SCHEDULE" for NAME under a schedule (`submission.Schedule`)."""
-    import submission
+    from nvfp4_group_gemm import submission
     base, _, schedule = name.partition("/")
     config = {c.name: c for c in kernel_configs(arch)}[base]  # a tile configuration (round-robin)
     if schedule:
@@ -683,24 +634,65 @@ def config_named(name: str, arch: str):
 
 def hopper_choice():
     """custom_kernel's choice per shape set on sm_90 (hopper.launcher_for_setting without a setting)."""
-    import hopper
+    from nvfp4_group_gemm import hopper
     return hopper.launcher_for_setting(None).choose
 
 
-def compile_configs(arch: str, keep_dir: Optional[str]) -> list:
-    """Compile every configuration for `arch`, each in its own process."""
-    rows = []
-    for name in (c.name for c in kernel_configs(arch)):
-        args = [sys.executable, "-W", "ignore", str(ROOT / "eval.py"), "compile-one", name, "--arch", arch]
-        if keep_dir:
-            args += ["--keep", keep_dir]
-        done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
-        try:
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        except (IndexError, json.JSONDecodeError):
-            rows.append({"config": name, "arch": arch, "ok": False,
-                         "error": f"compile process failed: {(done.stderr or done.stdout)[-1500:]}"})
-    return rows
+PTXAS_MISSING = ("ptxas not found: install this package's dependencies (pip install -e .; nvidia-cuda-nvcc "
+                 "carries ptxas), or name one with PTXAS or put CUDA 13's bin on PATH")
+# What a compiled kernel and its report depend on, besides the configuration, the architecture and the tools.
+KERNEL_SOURCES = ("submission.py", "hopper.py", "eval.py")
+
+
+def compile_in_process(name: str, arch: str, keep_dir: Optional[str]) -> dict:
+    """`compile_one` in a fresh interpreter (the DSL takes its target at first use)."""
+    args = [sys.executable, "-W", "ignore", str(ROOT / "eval.py"), "compile-one", name, "--arch", arch]
+    if keep_dir:
+        args += ["--keep", os.path.abspath(keep_dir)]
+    start = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True)
+    try:
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        row = {"config": name, "arch": arch, "ok": False,
+               "error": f"compile process failed: {(done.stderr or done.stdout)[-1500:]}"}
+    row["process_s"] = round(time.perf_counter() - start, 3)  # the process's start and imports included
+    return row
+
+
+def compile_configs(arch: str, keep_dir: Optional[str], names: Optional[list] = None,
+                    cache: Optional[toolchain.ResultCache] = None, report=None) -> list:
+    """Compile the configurations `names` (default: all) for `arch`, each in its own process, a few at a time;
+    `report(done, total, row)` as each finishes. Results come from `cache` where it has them (not with
+    `keep_dir`, which needs the PTX), and ok ones go into it."""
+    names = [c.name for c in kernel_configs(arch)] if names is None else list(names)
+    cache = cache or toolchain.ResultCache(None)
+    ptxas = toolchain.find_ptxas()
+    facts = (toolchain.dsl_identity(), toolchain.ptxas_version(ptxas.path) if ptxas else "no ptxas")
+    here = Path(__file__).resolve().parent
+    sources = [path for path in (here / s for s in KERNEL_SOURCES) if path.is_file()]
+    sources += [path for path in (here / "nvfp4_group_gemm" / s for s in KERNEL_SOURCES) if path.is_file()]
+    keys = {name: cache.key(name, arch, sources, *facts) for name in names}
+    rows, finished = {}, 0
+
+    def finish(name: str, row: dict) -> None:
+        nonlocal finished
+        rows[name], finished = row, finished + 1
+        if report:
+            report(finished, len(names), row)
+    for name in names:
+        cached = None if keep_dir else cache.load(keys[name])
+        if cached is not None:
+            finish(name, dict(cached, cached=True))
+    todo = [name for name in names if name not in rows]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1, 4))) as pool:
+        futures = {pool.submit(compile_in_process, name, arch, keep_dir): name for name in todo}
+        for future in as_completed(futures):
+            name, row = futures[future], future.result()
+            if row.get("ok"):
+                cache.store(keys[name], row)
+            finish(name, row)
+    return [rows[name] for name in names]
 
 
 def task_shape_sets(which: str = "all") -> list:
@@ -751,7 +743,7 @@ def kernel_name(config) -> str:
 def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = None, choose=None) -> list:
     """For each shape set: the configuration (the B200 cost model's pick, or
     `choose`'s, unless one is fixed) and its launch plan."""
-    import submission
+    from nvfp4_group_gemm import submission
     plans = []
     for name, sizes in shape_sets:
         # the launcher's own plan (device index -1: no device is asked anything)
@@ -763,25 +755,46 @@ def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = No
     return plans
 
 
-def command_compile(options) -> int:
-    if options.command == "compile-one":
-        print(json.dumps(compile_one(options.config, options.arch, options.keep)))
-        return EXIT_OK
-    rows = compile_configs(options.arch, options.keep)
-    dsl = rows[0].get("cutlass_dsl", "?") if rows else "?"
-    hopper = is_hopper_arch(options.arch)
-    print(f"{'Hopper kernel (hopper.py)' if hopper else 'B200 kernel'} compiled for {options.arch} with "
-          f"nvidia-cutlass-dsl {dsl} (no GPU needed); one kernel per tile configuration serves every "
-          "shape set; ptxas -v per kernel (smem B = dynamic shared memory):")
+def ptxas_problem() -> Optional[str]:
+    """Why the compile gate cannot run ptxas here, or None."""
+    named = os.environ.get("PTXAS")
+    if named and not os.access(named, os.X_OK):
+        return f"PTXAS={named} is not an executable file"
+    return None if toolchain.find_ptxas() else PTXAS_MISSING
+
+
+def compile_gate(arch: str, shape_sets: list, only_needed: bool, keep_dir: Optional[str] = None,
+                 json_path: Optional[str] = None) -> bool:
+    """Plan `shape_sets` for `arch`, compile their kernels (`only_needed`) or every configuration, print
+    progress, the ptxas report and each plan's verdict; whether everything compiled without spills."""
+    problem = ptxas_problem()
+    if problem:
+        print(f"Compile gate: {problem}.", flush=True)
+        return False
+    hopper = is_hopper_arch(arch)
+    print(f"Compile gate for {arch}: planning {len(shape_sets)} shape set{'s' if len(shape_sets) != 1 else ''}",
+          flush=True)
+    plans = shape_plans(shape_sets, None, H100_SM_COUNT if hopper else None, hopper_choice() if hopper else None)
+    names = [c.name for c in kernel_configs(arch)]
+    if only_needed:
+        needed = {p["kernel"] for p in plans}
+        names = [n for n in names if n in needed]
+    ptxas = toolchain.find_ptxas()
+    cache = toolchain.ResultCache.from_environment()
+    what = "Hopper kernel (hopper.py)" if hopper else "B200 kernel"
+    print(f"Compiling the {what} for {arch}: {len(names)} kernel{'s' if len(names) != 1 else ''}, each in its "
+          f"own process ({toolchain.dsl_identity().split(' at ')[0]}; ptxas {ptxas.path}, from {ptxas.source}; "
+          "no GPU needed)", flush=True)
+
+    def report(done: int, total: int, row: dict) -> None:
+        status = ("ok" if row["ok"] else "FAIL") + (" (cached)" if row.get("cached") else
+                                                    f" in {row.get('process_s', float('nan')):.1f} s")
+        print(f"  [{done}/{total}] {row['config']}: {status}", flush=True)
+    rows = compile_configs(arch, keep_dir, names, cache, report)
+    print(f"\nptxas -v per kernel (smem B = dynamic shared memory); one kernel per tile configuration serves "
+          "every shape set:")
     print_compile_table(rows)
     compiled = {r["config"] for r in rows if r["ok"]}
-    shape_sets = task_shape_sets(options.which)
-    if options.shape:
-        shape_sets = [("custom", problem_sizes_of(parse_test_line(options.shape)))]
-    elif options.which == "all":
-        shape_sets += contract_shape_sets()
-    plans = shape_plans(shape_sets, None, H100_SM_COUNT if hopper else None,
-                        hopper_choice() if hopper else None)
     picked = ("the configuration and schedule custom_kernel runs (hopper.sm90_choice)"
               if hopper else "the configuration the cost model picks")
     print(f"\nShape sets ({len(plans)}): {picked}, tiles and CTAs; "
@@ -790,11 +803,37 @@ def command_compile(options) -> int:
         status = "ok" if p["kernel"] in compiled else "FAIL: its configuration did not compile"
         print(f"  {p['case']:<15} G={p['groups']:<3} {p['config']:<36} tiles {p['tiles']:>5}  "
               f"CTAs {p['ctas']:>3}  {status}")
-    if options.json:
-        Path(options.json).write_text(json.dumps({"kernels": rows, "shape_sets": plans}, indent=1))
+    if json_path:
+        Path(json_path).write_text(json.dumps({"kernels": rows, "shape_sets": plans}, indent=1))
     failed = [r for r in rows if not r["ok"]] + [p for p in plans if p["kernel"] not in compiled]
+    cached = sum(bool(r.get("cached")) for r in rows)
     print(f"{len(rows)} kernels, {len(plans)} shape sets, {len(failed)} failures")
-    return EXIT_OK if not failed else 1
+    print(f"({cached} of {len(rows)} kernels from the cache; {cache.describe()})", flush=True)
+    return not failed
+
+
+def command_compile(options) -> int:
+    if options.shape:
+        shape_sets = [("custom", problem_sizes_of(options.shape_args))]
+    else:
+        shape_sets = task_shape_sets(options.which)
+        if options.which == "all":
+            shape_sets += contract_shape_sets()
+    passed = compile_gate(options.arch, shape_sets, only_needed=bool(options.shape), keep_dir=options.keep,
+                          json_path=options.json)
+    return EXIT_OK if passed else 1
+
+
+def compile_one_main(argv: list) -> int:
+    """`eval.py compile-one CONFIG [--arch ARCH] [--keep DIR]`: one configuration, its row as JSON (internal:
+    what compile_configs runs in a fresh process)."""
+    parser = argparse.ArgumentParser(prog="eval.py compile-one")
+    parser.add_argument("config")
+    parser.add_argument("--arch", default="sm_100a")
+    parser.add_argument("--keep")
+    options = parser.parse_args(argv)
+    print(json.dumps(compile_one(options.config, options.arch, options.keep)))
+    return EXIT_OK
 
 
 # =============================================================================
@@ -818,8 +857,8 @@ PUBLIC_B200_LOG_GEOMEAN_US = (("128x128, round-robin, descriptors rewritten", 16
 
 def public_designs() -> dict:
     """{label: per benchmark (configuration, SMs used, descriptors rewritten)}: the PUBLIC_B200_* designs."""
-    import submission
-    from submission import Schedule, TileConfig
+    from nvfp4_group_gemm import submission
+    from nvfp4_group_gemm.submission import Schedule, TileConfig
     square = TileConfig("128x128", 128, 128)
     pair = submission.PAIR_CONFIGS["2cta-256x256"]
     swapped_pair = dataclasses.replace(submission.PAIR_CONFIGS["2cta-swap-256x128"],
@@ -845,7 +884,7 @@ def public_points() -> list:
 
 def modeled_public_points(constants=None) -> list:
     """(label, benchmark or None, published us, modeled us) for every public point under `constants`."""
-    import submission
+    from nvfp4_group_gemm import submission
     constants = constants or submission.MODEL_CONSTANTS
     sizes = [problem_sizes_of(c.args) for c in read_test_file(BENCHMARKS_FILE)]
     designs = public_designs()
@@ -858,7 +897,7 @@ def modeled_public_points(constants=None) -> list:
 def model_floor_us(sizes, constants) -> float:
     """What the model allows any design at best: the unique bytes at the sustained DRAM rate, plus the fixed cost
     per call (no CTA's work, no latency)."""
-    import submission
+    from nvfp4_group_gemm import submission
     return submission.model_time_us(sizes, submission.TILE_CONFIGS["128x128"], constants=constants).dram_us \
         + constants.fixed_s * 1e6
 
@@ -870,7 +909,7 @@ FIT_BOUNDS = {"dram_efficiency": (0.3, 1.0), "latency_s": (0.2e-6, 5e-6), "tile_
 def fit_model_constants(iterations: int = 300):
     """The ModelConstants minimizing the squared log residuals over `public_points` (Nelder-Mead over each
     constant's position in FIT_BOUNDS, from the middle of every range; deterministic)."""
-    import submission
+    from nvfp4_group_gemm import submission
     names = submission.ModelConstants._fields
     lows, highs = [FIT_BOUNDS[n][0] for n in names], [FIT_BOUNDS[n][1] for n in names]
 
@@ -910,10 +949,8 @@ def fit_model_constants(iterations: int = 300):
 
 
 def command_model(options) -> int:
-    import submission
-    cases = read_test_file(BENCHMARKS_FILE)
-    if options.shape:
-        cases = [TestCase(args=parse_test_line(options.shape), spec=options.shape)]
+    from nvfp4_group_gemm import submission
+    cases = [case for _, case in options.bench_cases]
     constants = submission.MODEL_CONSTANTS
     if options.fit:
         constants, loss = fit_model_constants()
@@ -968,10 +1005,8 @@ def command_model(options) -> int:
 # =============================================================================
 def command_overhead(options) -> int:
     import torch
-    import hostbench
-    cases = list(enumerate(read_test_file(BENCHMARKS_FILE)))
-    if options.case is not None:
-        cases = [cases[options.case]]
+    from nvfp4_group_gemm import hostbench
+    cases = options.bench_cases
     where = (f"on {torch.cuda.get_device_name()}" if torch.cuda.is_available()
              else "on the CPU (no GPU: preparation only)")
     print(f"Host microseconds per custom_kernel call {where}, median of passes over "
@@ -1005,22 +1040,26 @@ def environment_line() -> tuple:
     path = submission.code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
-    hopper = sys.modules.get("hopper")  # registered by load_submission where present
+    hopper = sys.modules.get("nvfp4_group_gemm.hopper")  # registered by load_submission where present
     which = ("the Hopper kernel of hopper.py" if hopper is not None and path == hopper.PATH_HOPPER
              else "the portable path of portable.py")
     return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
             f"running {which} instead [{path}].", True)
 
 
-def progress_line(text: str):
+def progress_line(text: str, step: bool = True):
+    """Progress: on a terminal one line rewritten in place; elsewhere (a pipe, a log) a line per step, and
+    nothing for what is not a step (a sample's time) or for the final clearing ("")."""
     if sys.stdout.isatty():
         print("\r" + text[:120].ljust(120), end="", flush=True)
+    elif step and text:
+        print(text, flush=True)
 
 
 def human_tests(cases: list) -> list:
     rows = []
-    for i, case in enumerate(cases):
-        progress_line(f"test {i + 1}/{len(cases)}: {case.spec}")
+    for n, (i, case) in enumerate(cases):
+        progress_line(f"test {n + 1}/{len(cases)}: {case.spec}")
         start = time.perf_counter()
         good, message = run_single_test(case.args)
         rows.append({"kind": "test", "index": i, "spec": case.spec, "ok": good,
@@ -1031,11 +1070,11 @@ def human_tests(cases: list) -> list:
 
 def human_benchmarks(cases: list) -> list:
     rows = []
-    for i, case in enumerate(cases):
-        def progress(durations, i=i):
-            progress_line(f"benchmark {i + 1}/{len(cases)}: sample {len(durations)}, "
-                          f"last {durations[-1] / 1e3:.2f} us")
-        progress_line(f"benchmark {i + 1}/{len(cases)}: checking 15 inputs")
+    for n, (i, case) in enumerate(cases):
+        def progress(durations, n=n):
+            progress_line(f"benchmark {n + 1}/{len(cases)}: sample {len(durations)}, "
+                          f"last {durations[-1] / 1e3:.2f} us", step=False)
+        progress_line(f"benchmark {n + 1}/{len(cases)}: checking 15 inputs, then timing")
         result = run_single_benchmark(case.args, False, 100, 10e9, progress)
         row = {"kind": "benchmark", "index": i, "spec": case.spec,
                "sizes": problem_sizes_of(case.args), "ok": isinstance(result, Stats)}
@@ -1089,68 +1128,63 @@ def print_report(rows: list, path: str):
             print(f"  geometric mean: {geomean / 1e3:.2f} us (B200 speed of light 5.21 us)")
 
 
-def self_check_reference(cases: list) -> list:
-    """On the CPU: the reference (bit-level decode, plain scales) against the
-    submission's portable dequantization (literal table, blocked scales)."""
+def self_check_reference(cases: list) -> bool:
+    """On the CPU, printed as it goes: the reference (bit-level decode, plain scales) against the submission's
+    portable dequantization (literal table, blocked scales) on each (index, case); whether all agree."""
     import torch
-    from reference import generate_input, ref_kernel
-    import portable
-    rows = []
-    for i, case in enumerate(cases):
-        progress_line(f"reference self-check {i + 1}/{len(cases)}")
+    from nvfp4_group_gemm.reference import generate_input, ref_kernel
+    from nvfp4_group_gemm import portable
+    if not cases:
+        return True
+    print(f"\nReference self-check on the CPU, {len(cases)} case{'s' if len(cases) != 1 else ''}:", flush=True)
+    agree = 0
+    for i, case in cases:
         data = generate_input(**case.args, device="cpu")
         expected = ref_kernel(data)
         got = portable.run_portable(clone_data(data))
         same = all(torch.equal(e, g) for e, g in zip(expected, got))
-        rows.append({"kind": "test", "index": i, "spec": case.spec, "ok": same,
-                     "message": "" if same else "reference and portable dequantization differ"})
-    progress_line("")
-    return rows
+        agree += same
+        print(f"  {i:>2} {'agree' if same else 'DIFFER':<6} {case.spec}", flush=True)
+    print(f"({agree}/{len(cases)} agree)", flush=True)
+    return agree == len(cases)
 
 
-def selected_cases(path: Path, options) -> list:
-    cases = read_test_file(path)
-    if options.case is not None:
-        if not 0 <= options.case < len(cases):
-            raise SystemExit(f"--case {options.case}: {path.name} has cases 0..{len(cases) - 1}")
-        cases = [cases[options.case]]
-    return cases
+def selected_cases(path: Path, case: Optional[int]) -> list:
+    """(index, case) of the file's cases, or of its case `case`; UsageError for a case it does not have."""
+    cases = read_test_file(path, check=True)
+    if case is None:
+        return list(enumerate(cases))
+    if not 0 <= case < len(cases):
+        raise UsageError(f"--case {case}: {path.name} has cases 0..{len(cases) - 1}")
+    return [(case, cases[case])]
 
 
 def command_run(options) -> int:
+    test_cases, bench_cases = options.test_cases, options.bench_cases  # chosen and checked by check_options
     line, have_gpu = environment_line()
-    print(line)
+    print(line, flush=True)
     import torch
-    path = "cpu"
-    if have_gpu:
-        path = load_submission().code_path(torch.device("cuda"))
-    if options.shape:
-        custom = [TestCase(args=parse_test_line(options.shape), spec=options.shape)]
-        test_cases, bench_cases = custom, custom
-    else:
-        test_cases = selected_cases(TESTS_FILE, options) if options.command in ("all", "tests") else []
-        bench_cases = (selected_cases(BENCHMARKS_FILE, options)
-                       if options.command in ("all", "benchmarks") else [])
     failed = False
     if not have_gpu:
-        print(f"\nCompiling the B200 kernel for sm_100a ({'all task shapes' if not options.shape else 'the shape'}):")
-        args = [sys.executable, str(ROOT / "eval.py"), "compile"]
-        if options.shape:
-            args += ["--shape", options.shape]
-        failed |= subprocess.run(args).returncode != 0
-        rows = self_check_reference(test_cases)
-        print(f"\nReference self-check on the CPU ({sum(r['ok'] for r in rows)}/{len(rows)} agree):")
-        for r in rows:
-            print(f"  {r['index']:>2} {'agree' if r['ok'] else 'DIFFER':<6} {r['spec']}")
-        failed |= not all(r["ok"] for r in rows)
+        narrowed = bool(options.shape) or options.case is not None
+        if narrowed:  # only the kernels these cases need
+            shape_sets = [(f"{kind}[{i}]", problem_sizes_of(case.args)) for kind, chosen in
+                          (("tests", test_cases), ("benchmarks", bench_cases)) for i, case in chosen]
+            shape_sets = list({tuple(map(tuple, s)): (n, s) for n, s in shape_sets}.values())  # --shape: once
+        else:
+            shape_sets = task_shape_sets("all") + contract_shape_sets()
+        print()
+        failed |= not compile_gate("sm_100a", shape_sets, only_needed=narrowed)
+        failed |= not self_check_reference(test_cases)
         if bench_cases:
             print("Benchmarks skipped: timing needs a CUDA GPU.")
     else:
+        path = load_submission().code_path(torch.device("cuda"))
         rows = human_tests(test_cases) + human_benchmarks(bench_cases)
         print_report(rows, path)
         failed |= not all(r["ok"] for r in rows)
         if bench_cases and path != "b200-tcgen05":
-            print_peers(bench_cases, rows)
+            print_peers([case for _, case in bench_cases], rows)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -1201,7 +1235,7 @@ def grouped_operands(data):
     """(A of all groups stacked, B as (G, K, N) with K contiguous, M offsets):
     `torch._grouped_mm`'s operands, bf16, from an input with one N and K."""
     import torch
-    import portable
+    from nvfp4_group_gemm import portable
     abc, _, sf_reordered, sizes = data
     a = torch.cat([portable.dequantize_bf16(a, sfa, m, k)
                    for (a, _, _), (sfa, _), (m, _, k, _) in zip(abc, sf_reordered, sizes)])
@@ -1229,7 +1263,7 @@ def print_peers(cases: list, rows: list) -> None:
     already in bf16, dequantize-then-_grouped_mm, and the portable path, all
     timed the same way in this run; TFLOP/s and % of the measured bf16 peak."""
     import torch
-    import portable
+    from nvfp4_group_gemm import portable
     submission = load_submission()
     if not hasattr(torch, "_grouped_mm"):
         print("\nPeers skipped: this torch has no torch._grouped_mm.")
@@ -1265,7 +1299,7 @@ def print_peers(cases: list, rows: list) -> None:
 def sweep_configs(only=None, diagnose: bool = False) -> list:
     """hopper.py's configurations (and with `diagnose` its timing diagnostics)
     whose names contain any of the substrings in `only` (all when None)."""
-    import hopper
+    from nvfp4_group_gemm import hopper
     configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if diagnose else [])
     return [c for c in configs if not only or any(part in c.name for part in only)]
 
@@ -1275,14 +1309,14 @@ def command_sweep(options) -> int:
     each checked against the reference and timed like the peers, side by side
     with torch._grouped_mm on pre-dequantized bf16, per benchmark."""
     import torch
-    import submission
-    from reference import check_implementation
+    from nvfp4_group_gemm import submission
+    from nvfp4_group_gemm.reference import check_implementation
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("sweep: needs a Hopper GPU (sm_90)")
         return 2
-    import hopper
-    from reference import generate_input
-    cases = selected_cases(BENCHMARKS_FILE, options)
+    from nvfp4_group_gemm import hopper
+    from nvfp4_group_gemm.reference import generate_input
+    cases = options.bench_cases
     configs = sweep_configs(options.only, options.diagnose)
     if not configs:
         print(f"sweep: no configuration of hopper.py matches {options.only}")
@@ -1300,7 +1334,7 @@ def command_sweep(options) -> int:
           f"{PEER_SAMPLES} samples; x = grouped_mm time / ours; * = custom_kernel's):")
     print(f"  {'#':>2} {'grouped_mm':>11} " + " ".join(
         f"{c.name + ('*' if c == hopper.SM90_CONFIG else ''):>24}" for c in configs))
-    for index, case in enumerate(cases):
+    for index, case in cases:
         inputs = benchmark_inputs(case.args)
         gmm = time_loop_us(grouped_mm_on_bf16(inputs), inputs)
         cells = []
@@ -1314,71 +1348,144 @@ def command_sweep(options) -> int:
                 continue
             ours = time_loop_us(launcher, inputs)
             cells.append(f"{ours:>15.2f} {gmm / ours:>6.2f}x ")
-        print(f"  {options.case if options.case is not None else index:>2} {gmm:>11.2f} " + " ".join(cells)
+        print(f"  {index:>2} {gmm:>11.2f} " + " ".join(cells)
               + f"  {short_spec(problem_sizes_of(case.args))}")
     return worst
 
 
+PEOPLE_COMMANDS = ("all", "tests", "benchmarks", "compile", "model", "overhead", "sweep")
+ARCHES = ("sm_100a", "sm_90a")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, its complaints raised as UsageError (one line, exit EXIT_BAD_ARGS) instead of usage text."""
+
+    def error(self, message):
+        command = self.prog.partition(" ")[2]
+        raise UsageError(f"{command + ': ' if command else ''}{message} "
+                         f"(see python eval.py {command + ' ' if command else ''}--help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Run, check, time and compile the NVFP4 grouped GEMM submission. "
-                    "With POPCORN_FD set, 'eval.py MODE FILE' speaks the leaderboard protocol.")
-    sub = parser.add_subparsers(dest="command")
-    for name, help_text in (("all", "tests, then benchmarks (the default)"),
-                            ("tests", "the task's tests"), ("benchmarks", "the task's benchmarks")):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--case", type=int, help="only this case (0-based) of the file")
-        p.add_argument("--shape", help="a custom case in test-file syntax instead of the task's")
-    p = sub.add_parser("compile", help="compile the B200 kernel (every tile configuration) and "
-                       "plan every task shape, no GPU needed")
-    p.add_argument("--arch", default="sm_100a")
+    parser = Parser(
+        prog="eval.py",
+        description="Run, check, time and compile the NVFP4 grouped GEMM. Without a GPU: compile the B200 kernel "
+                    "(no CUDA toolkit needed) and check the reference. The leaderboard's protocol modes (test, "
+                    "benchmark, leaderboard, profile) need POPCORN_FD.",
+        epilog=f"A case (--shape) is one test-file line: \"{SPEC_EXAMPLE}\"; {SHAPE_RULES}. "
+               f"Compile results are cached (see {toolchain.CACHE_ENV} in docs/developing.md).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    case_help = "only case I (0-based) of the file"
+    shape_help = "a case of your own instead of the task's, e.g. \"m: [64]; n: [256]; k: [512]; g: 1; seed: 7\""
+    for name, help_text in (("all", "the task's tests, then its benchmarks (the default)"),
+                            ("tests", "the task's tests (cases/tests.txt)"),
+                            ("benchmarks", "the task's benchmarks (cases/benchmarks.txt)")):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--case", type=int, metavar="I", help=case_help)
+        p.add_argument("--shape", metavar="SPEC", help=shape_help)
+    p = sub.add_parser("compile", help="compile every kernel configuration and plan the task's shapes (no GPU)")
+    p.add_argument("--arch", default="sm_100a", choices=ARCHES,
+                   help="sm_100a: the B200 kernel (default); sm_90a: the Hopper kernel")
     p.add_argument("--which", choices=("all", "tests", "benchmarks"), default="all",
                    help="task shape sets to plan ('all' adds a spread of contract-valid ones)")
-    p.add_argument("--shape", help="plan this case (test-file syntax) only")
-    p.add_argument("--json", help="also write the results to this file")
-    p.add_argument("--keep", help="keep each kernel's PTX in this folder")
+    p.add_argument("--shape", metavar="SPEC", help="plan this case only, and compile only its kernel")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
+    p.add_argument("--keep", metavar="DIR", help="keep each kernel's PTX in DIR (compiles afresh)")
     p = sub.add_parser("model", help="the cost model's choice and modeled B200 time per benchmark "
                        "(model figures, not measurements)")
-    p.add_argument("--shape", help="model this case (test-file syntax) instead of the benchmarks")
+    p.add_argument("--shape", metavar="SPEC", help="model this case instead of the benchmarks")
     p.add_argument("--fit", action="store_true", help="fit the model's constants to the public B200 results "
                    "first, and model with them")
     p = sub.add_parser("overhead", help="host microseconds per custom_kernel call: warm, cold, "
                        "preparation and launch, against the seed's host path")
-    p.add_argument("--case", type=int, help="only this benchmark (0-based)")
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--case", type=int, metavar="I", help="only benchmark I (0-based)")
+    p.add_argument("--repeats", type=int, default=20, metavar="R",
+                   help="passes over the 15 inputs per measurement; the median is reported (default 20)")
     p = sub.add_parser("sweep", help="Hopper GPU: every hopper.py configuration against "
                        "torch._grouped_mm on pre-dequantized bf16, per benchmark")
-    p.add_argument("--case", type=int, help="only this benchmark (0-based)")
+    p.add_argument("--case", type=int, metavar="I", help="only benchmark I (0-based)")
     p.add_argument("--diagnose", action="store_true", help="also time variants that leave a part out "
                    "(hopper.SM90_DIAGNOSTICS: conversion, wgmma, ...; wrong results, timing only)")
     p.add_argument("--only", action="append", metavar="PART",
                    help="only configurations whose names contain PART (repeatable), e.g. --only wr")
-    p = sub.add_parser("compile-one", help=argparse.SUPPRESS)
-    p.add_argument("config")
-    p.add_argument("--arch", default="sm_100a")
-    p.add_argument("--keep")
+    for mode, what in (("test", "run FILE's cases once and check them"),
+                       ("benchmark", "check, then time FILE's cases"),
+                       ("leaderboard", "time FILE's cases with rechecks, as a ranked run"),
+                       ("profile", "torch profiler table per case")):
+        p = sub.add_parser(mode, help=f"leaderboard protocol (needs POPCORN_FD): {what}",
+                           description=f"The leaderboard's protocol: {what}; results go to file descriptor "
+                                       "POPCORN_FD as 'key: value' lines. Exit 0 pass, 112 a failure, 2 bad "
+                                       f"arguments. Example: POPCORN_FD=3 python eval.py {mode} cases/tests.txt "
+                                       "3>result.txt")
+        p.add_argument("file", metavar="FILE", help="a test file: one case per line")
     return parser
 
 
-def main(argv: list) -> int:
-    if argv and argv[0] in PROTOCOL_MODES:
+def unknown_command(word: str) -> str:
+    import difflib
+    close = (difflib.get_close_matches(word, PEOPLE_COMMANDS, n=1, cutoff=0.6)
+             or difflib.get_close_matches(word, PROTOCOL_MODES, n=1, cutoff=0.6))
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (f"unknown command '{word}': {hint}commands are {', '.join(PEOPLE_COMMANDS)}, and the protocol modes "
+            f"{', '.join(PROTOCOL_MODES)} (with POPCORN_FD); see python eval.py --help")
+
+
+def check_options(options) -> None:
+    """Everything the command line fixes, judged before anything is imported or compiled: the --shape spec, the
+    --case number, the selected cases (options.test_cases, options.bench_cases: (index, TestCase) lists)."""
+    shape, case = getattr(options, "shape", None), getattr(options, "case", None)
+    if shape is not None and case is not None:
+        raise UsageError(f"{options.command}: --case and --shape exclude each other")
+    if shape is not None:
+        try:
+            options.shape_args = parse_shape(shape)
+        except BadCase as error:
+            raise UsageError(f"--shape: {error}") from None
+        custom = [(0, TestCase(args=options.shape_args, spec=shape))]
+        options.test_cases = custom if options.command in ("all", "tests") else []
+        options.bench_cases = custom if options.command in ("all", "benchmarks", "model") else []
+        return
+    try:
+        options.test_cases = selected_cases(TESTS_FILE, case) if options.command in ("all", "tests") else []
+        options.bench_cases = (selected_cases(BENCHMARKS_FILE, case) if options.command in
+                               ("all", "benchmarks", "model", "overhead", "sweep") else [])
+    except MalformedTestFile as error:
+        raise UsageError(str(error)) from None
+    if getattr(options, "repeats", 1) < 1:
+        raise UsageError(f"{options.command}: --repeats {options.repeats}: must be at least 1")
+
+
+COMMANDS = {"compile": command_compile, "model": command_model, "overhead": command_overhead,
+            "sweep": command_sweep}  # the rest: command_run
+
+
+def dispatch(argv: list) -> int:
+    wants_help = "-h" in argv or "--help" in argv
+    if argv and argv[0] in PROTOCOL_MODES and not wants_help:
         return protocol_main(argv)
-    parser = build_parser()
-    if argv and argv[0].startswith("--shape"):
+    if argv and argv[0] == "compile-one":
+        return compile_one_main(argv[1:])
+    if argv and not argv[0].startswith("-") and argv[0] not in PEOPLE_COMMANDS + PROTOCOL_MODES:
+        raise UsageError(unknown_command(argv[0]))
+    if argv and argv[0].startswith("-") and not wants_help:
         argv = ["all"] + argv  # `eval.py --shape SPEC` runs that case
-    options = parser.parse_args(argv)
-    if options.command is None:
-        options = parser.parse_args(["all"])
-    if options.command in ("compile", "compile-one"):
-        return command_compile(options)
-    if options.command == "model":
-        return command_model(options)
-    if options.command == "overhead":
-        return command_overhead(options)
-    if options.command == "sweep":
-        return command_sweep(options)
-    return command_run(options)
+    options = build_parser().parse_args(argv or ["all"])
+    check_options(options)
+    return COMMANDS.get(options.command, command_run)(options)
+
+
+def main(argv: list) -> int:
+    try:
+        return dispatch(argv)
+    except UsageError as error:
+        print(f"eval.py: {error}", file=sys.stderr, flush=True)
+        return EXIT_BAD_ARGS
+
+
+def run() -> None:
+    """The console command `nvfp4-group-gemm` (pyproject.toml): `python eval.py` from anywhere."""
+    sys.exit(main(sys.argv[1:]))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run()

@@ -14,7 +14,7 @@
 - `check_implementation(data, output)` compares with the leaderboard's tolerance
   and messages and returns `(ok, message)`.
 
-Layouts (TASK.md): a [M, K//2, L] and b [N, K//2, L] are float4_e2m1fn_x2 (low
+Layouts (docs/contract.md): a [M, K//2, L] and b [N, K//2, L] are float4_e2m1fn_x2 (low
 nibble = lower K index), c [M, N, L] float16, sfa [M, K//16, L] and sfb
 [N, K//16, L] float8_e4m3fn on the CPU; the reordered scale factors are views of
 shape [32, 4, ceil(rows/128), 4, ceil(K/64), L] over storage
@@ -22,7 +22,10 @@ shape [32, 4, ceil(rows/128), 4, ceil(K/64), L] over storage
 """
 import torch
 
-from task import input_t, output_t
+try:  # inside the installed package (nvfp4_group_gemm.task)
+    from .task import input_t, output_t
+except ImportError:  # a file beside task.py: the leaderboard, the repository root
+    from task import input_t, output_t
 
 SF_VEC_SIZE = 16  # K elements per scale factor
 RTOL = 1e-03
@@ -129,7 +132,7 @@ def _random_scales(l: int, rows: int, k: int) -> torch.Tensor:
 def generate_input(m: tuple, n: tuple, k: tuple, g: int, seed: int, device=None) -> input_t:
     """The leaderboard's inputs for G groups of sizes (m[i], n[i], k[i], 1).
 
-    The order of random draws below is the contract (TASK.md): do not reorder.
+    The order of random draws below is the contract (docs/contract.md): do not reorder.
     """
     device = torch.device(device) if device is not None else default_device()
     if not (len(m) == len(n) == len(k) == g):

@@ -65,7 +65,13 @@ import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 
-from task import input_t, output_t
+# Newer DSL releases keep LayoutEnum in cutlass.tensor_utils and deprecate cutlass.utils's; older ones have only that.
+LayoutEnum = getattr(cutlass, "tensor_utils", utils).LayoutEnum
+
+try:  # inside the installed package (nvfp4_group_gemm.task)
+    from .task import input_t, output_t
+except ImportError:  # a file beside task.py: the leaderboard, the repository root
+    from task import input_t, output_t
 
 # ==== Configuration ==================================================================================================
 # What the B200 path runs: "model", the cost model's choice of tile configuration and schedule per shape set
@@ -630,7 +636,7 @@ class Sm100GroupedGemmKernel:
         self.cta_tile_mnk = (config.tile_m // config.cta_group, config.tile_n, config.tile_mnk[2])
         self.cluster_shape_mn = (config.cta_group, 1)
         # D' is C (row-major, N' contiguous) or C^T (column-major, M' contiguous).
-        self.c_layout = utils.LayoutEnum.COL_MAJOR if config.swap_ab else utils.LayoutEnum.ROW_MAJOR
+        self.c_layout = LayoutEnum.COL_MAJOR if config.swap_ab else LayoutEnum.ROW_MAJOR
         # known once traced (`_setup_attributes`, `__call__`)
         self.num_ab_stages = self.num_acc_stages = self.num_c_stages = self.smem_bytes = None
 

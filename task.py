@@ -7,7 +7,7 @@ from typing import TypedDict, TypeVar
 
 import torch
 
-# (abc_tensors, sfasfb_tensors, sfasfb_reordered_tensors, problem_sizes); see TASK.md.
+# (abc_tensors, sfasfb_tensors, sfasfb_reordered_tensors, problem_sizes); see docs/contract.md.
 input_t = TypeVar(
     "input_t",
     bound=tuple[

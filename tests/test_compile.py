@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-import submission
+from nvfp4_group_gemm import submission
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
 
-import eval as eval_module
+from nvfp4_group_gemm import eval as eval_module
 
 EXTRA_DSL = os.environ.get("NVFP4_EXTRA_CUTLASS_DSL")
 DSL_INSTALLS = ["installed"] + (["extra"] if EXTRA_DSL else [])
@@ -160,9 +160,11 @@ def test_the_cost_model_counts_the_stages_the_kernel_has(report):
         assert kernel["stages_ab"] >= 3
 
 
+@pytest.mark.slow
 def test_other_shape_sets_trigger_no_compile():
     code = """
-import json, submission
+import json
+from nvfp4_group_gemm import submission
 from cutlass import cute
 calls = []
 real_compile = cute.compile
@@ -246,6 +248,7 @@ def test_the_model_constants_are_the_fit_to_the_public_results():
     assert loss == pytest.approx(sum(math.log(m / p) ** 2 for *_, p, m in eval_module.modeled_public_points(fitted)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("install", DSL_INSTALLS)
 @pytest.mark.parametrize("name,arch", [("128x128/contiguous", "sm_100a"),
                                        ("sm90-128x128-k128-wr/contiguous", "sm_90a")])
@@ -279,6 +282,7 @@ def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
         submission.choose_config(sizes)
 
 
+@pytest.mark.slow
 def test_two_cta_configurations_compile_but_the_model_never_offers_them():
     """The 2-CTA configurations are the public designs' (eval.py public_designs uses them for the model's
     calibration); until one has run on a B200 the model never picks one, and CONFIG_POLICY may name them. The

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-import eval as evaluation
-import submission
+from nvfp4_group_gemm import eval as evaluation
 from conftest import HAS_CUDA, ROOT
 
 SMALL_CASE = "m: [40, 129]; n: [128, 256]; k: [256, 512]; g: 2; seed: 7"
@@ -36,9 +35,9 @@ def run_protocol(*args, test_file_text=None, tmp_path=None, env_extra=None, with
     return done.returncode, keys, lines
 
 
-def test_without_popcorn_fd_exits_111(tmp_path):
+def test_without_popcorn_fd_exits_2(tmp_path):
     code, keys, _ = run_protocol("test", test_file_text=SMALL_CASE, tmp_path=tmp_path, with_fd=False)
-    assert code == 111 and keys == {}
+    assert code == 2 and keys == {}
 
 
 def test_missing_test_file_argument_exits_2():
@@ -46,15 +45,15 @@ def test_missing_test_file_argument_exits_2():
     assert code == 2
 
 
-def test_unreadable_test_file_exits_113(tmp_path):
+def test_unreadable_test_file_exits_2(tmp_path):
     code, keys, _ = run_protocol("test", str(tmp_path / "absent.txt"))
-    assert code == 113 and keys == {}
+    assert code == 2 and keys == {}
 
 
-@pytest.mark.parametrize("text", ["m: [1, 2; n: 3", "m = 3", "m: 3;; n: 4", "m: 3\n\nn: 4"])
-def test_malformed_test_file_exits_113(text, tmp_path):
+@pytest.mark.parametrize("text", ["m: [1, 2; n: 3", "m = 3", "m: 3;; n: 4", "m: 3\n\nn: 4", "m: [1]; seed: 3"])
+def test_malformed_test_file_exits_2(text, tmp_path):
     code, keys, _ = run_protocol("benchmark", test_file_text=text, tmp_path=tmp_path)
-    assert code == 113 and keys == {}
+    assert code == 2 and keys == {}
 
 
 def test_test_mode_keys_and_exit_code(tmp_path):
@@ -120,13 +119,14 @@ def test_speed_of_light_reproduces_the_problem_statement(index, sol_us):
 
 def test_benchmark_inputs_use_the_leaderboards_seeds(monkeypatch):
     seen = []
-    import reference
+    from nvfp4_group_gemm import reference
     monkeypatch.setattr(reference, "generate_input", lambda **kw: seen.append(kw["seed"]))
     evaluation.benchmark_inputs({"m": (1,), "n": (128,), "k": (256,), "g": 1, "seed": 1111})
     assert seen == [1111 + 42 * i for i in range(1, 16)]
 
 
 # ---- the people's CLI ------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="checks what a CPU-only machine reports")
 def test_cli_on_a_cpu_says_so_compiles_and_self_checks():
     done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "--shape", SMALL_CASE],
@@ -134,15 +134,14 @@ def test_cli_on_a_cpu_says_so_compiles_and_self_checks():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert out.splitlines()[0].startswith("No CUDA GPU here: the B200 kernel cannot run.")
-    kernels = 2 * (len(submission.TILE_CONFIGS) + len(submission.PAIR_CONFIGS))  # round-robin, contiguous
-    assert f"{kernels} kernels, 1 shape sets, 0 failures" in out
+    assert "1 kernels, 1 shape sets, 0 failures" in out  # only the kernel the shape needs
     assert "(1/1 agree)" in out and "Benchmarks skipped: timing needs a CUDA GPU." in out
 
 
 def test_cli_rejects_an_unknown_case_number():
     done = subprocess.run([sys.executable, "eval.py", "tests", "--case", "99"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode != 0 and "has cases 0..9" in done.stderr
+    assert done.returncode == 2 and "has cases 0..9" in done.stderr
 
 
 def test_overhead_reports_the_host_preparation_per_call():

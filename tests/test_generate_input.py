@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import TEST_CASES
-from reference import ceil_div, generate_input
+from nvfp4_group_gemm.reference import ceil_div, generate_input
 
 
 def _check_group(a, b, c, sfa, sfb, sfa_r, sfb_r, m, n, k):

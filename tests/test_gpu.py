@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-import submission
-from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda
-from reference import check_implementation, generate_input
+from nvfp4_group_gemm import submission
+from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda, needs_hopper
+from nvfp4_group_gemm.reference import check_implementation, generate_input
 
-pytestmark = needs_cuda
+pytestmark = needs_cuda.marks
 
 
 def _bytes(t):
@@ -68,7 +68,7 @@ def test_custom_kernel_on_random_contract_shapes(seed):
 def test_code_path_label():
     capability = torch.cuda.get_device_capability()
     # conftest imported hopper and portable: their paths are registered
-    hopper, portable = importlib.import_module("hopper"), importlib.import_module("portable")
+    hopper, portable = importlib.import_module("nvfp4_group_gemm.hopper"), importlib.import_module("nvfp4_group_gemm.portable")
     expected = {(10, 0): submission.PATH_B200, (9, 0): hopper.PATH_HOPPER}.get(capability, portable.PATH_PORTABLE)
     assert submission.code_path(torch.device("cuda")) == expected
 
@@ -78,8 +78,8 @@ def test_calls_do_not_block_the_host(case):
     """The leaderboard times 15 calls issued while its L2 flush still runs on the GPU: a call that waits for
     the GPU would put its host time into the score. With ~1 s of GPU work queued, 15 cold calls (inputs never
     seen) and then 15 warm calls (the same again) all return while the stream is still busy."""
-    from harness import benchmark_inputs
-    kernel_paths = (submission.PATH_B200, importlib.import_module("hopper").PATH_HOPPER)
+    from nvfp4_group_gemm.harness import benchmark_inputs
+    kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper").PATH_HOPPER)
     if submission.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("only the kernel paths are non-blocking (the portable path copies a table to the GPU)")
     submission.custom_kernel(benchmark_inputs(case.args)[0])  # compiles outside the timed part, as a warm-up does
@@ -187,10 +187,6 @@ def run_on_one_and_two_units(data, config, monkeypatch):
         run_config_and_check(data, config, FewCtasLauncher(config=config))
 
 
-needs_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                                  reason="needs a Hopper GPU (sm_90) for hopper.py's kernel")
-
-
 @needs_b200
 @pytest.mark.parametrize("sms", [1, 2])
 @pytest.mark.parametrize("config", list(CANDIDATES))
@@ -207,7 +203,7 @@ def test_b200_one_or_two_ctas_over_many_small_groups(config, sms, monkeypatch):
 def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
     """The scheduler both kernels share, under each schedule, on the Hopper kernel: every test shape, one
     benchmark, and 1-2 CTAs over many small groups."""
-    hopper = importlib.import_module("hopper")
+    hopper = importlib.import_module("nvfp4_group_gemm.hopper")
     config = hopper.config_from_setting(f"/{schedule}")
     launcher = submission.GroupedGemmLauncher(config=config)
     for case in TEST_CASES + BENCHMARK_CASES[3:]:
@@ -216,12 +212,12 @@ def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
 
 
 @needs_hopper
-@pytest.mark.parametrize("name", list(importlib.import_module("hopper").SM90_CONFIGS))
+@pytest.mark.parametrize("name", list(importlib.import_module("nvfp4_group_gemm.hopper").SM90_CONFIGS))
 def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
     """Each form (those CONFIG_ENV names, `sm90_choice`'s or not) under its schedule per shape set: every
     test shape (N / 128 odd included: a pair's half past N), the last benchmark (all four:
     scripts/max_error.py, variants-device.sh EXACT=1), and 1-2 CTAs (or pairs) over many small groups."""
-    hopper = importlib.import_module("hopper")
+    hopper = importlib.import_module("nvfp4_group_gemm.hopper")
     form = hopper.SM90_CONFIGS[name]
     launcher = submission.GroupedGemmLauncher()
     sms = submission.sm_count(torch.cuda.current_device())
@@ -234,7 +230,7 @@ def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
 
 # ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
 def kernel_path_or_skip():
-    kernel_paths = (submission.PATH_B200, importlib.import_module("hopper").PATH_HOPPER)
+    kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper").PATH_HOPPER)
     if submission.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("the portable path is not launched with programmatic dependent launch")
 

@@ -14,10 +14,10 @@ import torch
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
 from test_compile import DSL_INSTALLS, env_for
 
-import eval as eval_module
+from nvfp4_group_gemm import eval as eval_module
 
-hopper = pytest.importorskip("hopper")
-import submission  # noqa: E402  (after hopper, which registers its path)
+hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
+from nvfp4_group_gemm import submission  # noqa: E402  (after hopper, which registers its path)
 
 _reports = {}
 
@@ -227,8 +227,8 @@ def test_the_conversion_ptx_yields_each_pair_times_the_scale():
 
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
 def test_scale_factor_offsets_address_the_blocked_layout(tile_k):
-    from reference import generate_input
-    import submission
+    from nvfp4_group_gemm.reference import generate_input
+    from nvfp4_group_gemm import submission
     m, n, k = 200, 256, 768
     data = generate_input((m,), (n,), (k,), 1, seed=7, device="cpu")
     sfa_plain = data[1][0][0]  # [M, K/16, 1] E4M3 in row order
@@ -247,7 +247,7 @@ def test_scale_factor_offsets_address_the_blocked_layout(tile_k):
 
 # ---- dispatch ------------------------------------------------------------------
 def test_sm90_goes_to_the_registered_hopper_kernel_and_falls_back_without_it(monkeypatch):
-    import submission
+    from nvfp4_group_gemm import submission
     capability = [(9, 0)]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability[0])
     submission._path_for_index.cache_clear()
@@ -269,8 +269,8 @@ def test_sm90_goes_to_the_registered_hopper_kernel_and_falls_back_without_it(mon
 
 
 def test_the_launcher_uses_the_hopper_tile_for_its_tables():
-    import submission
-    from reference import generate_input
+    from nvfp4_group_gemm import submission
+    from nvfp4_group_gemm.reference import generate_input
     data = generate_input((80, 300), (256, 128), (512, 256), 2, seed=3, device="cpu")
     shape = submission.shape_plan(tuple(map(tuple, data[3])), -1, 132, hopper.SM90_CONFIG)
     assert shape.config is hopper.SM90_CONFIG
@@ -404,7 +404,7 @@ def test_a_narrow_form_multiplies_narrow_tiles_by_half_width_wgmma(report):
 def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_setting_names_one():
     """More tiles than SMs: contiguous ranges, balanced CTAs, groups by M (plan tables in that order); one
     wave: round-robin; a setting with "/SCHEDULE" fixes the schedule for every shape set."""
-    from reference import generate_input
+    from nvfp4_group_gemm.reference import generate_input
     sms = 132
     multi_wave = ((80, 4096, 7168, 1), (176, 4096, 7168, 1), (248, 4096, 7168, 1), (64, 4096, 7168, 1),
                   (128, 4096, 7168, 1))  # 7 x 32 = 224 tiles of 128 x 128, 6 x 16 = 96 pair tiles of 192 x 256
@@ -463,7 +463,7 @@ def test_custom_kernel_takes_a_pair_form_where_the_cost_model_says_it_cuts_the_b
 def _kernel_ptx(configs, dump_dir) -> dict:
     """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
     process (the DSL takes its target at first use), files kept in `dump_dir`."""
-    script = ("import sys, json, hopper, submission, eval\n"
+    script = ("import sys, json\nfrom nvfp4_group_gemm import eval, hopper, submission\n"
               "configs = {c.name: c for c in hopper.SM90_DIAGNOSTICS + tuple(hopper.SM90_CONFIGS.values())}\n"
               "out = {}\n"
               "for name in sys.argv[1:]:\n"
@@ -479,6 +479,7 @@ def _kernel_ptx(configs, dump_dir) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     """`eval.py sweep --diagnose` variants (timing only; all but EXACT_DIAGNOSTICS give
     wrong results by design): each is the default form with one part left out or moved,
@@ -530,7 +531,7 @@ def config_setting_names():
 
 
 def test_a_plan_owns_its_descriptor_table_token_counters_and_scratch():
-    import submission
+    from nvfp4_group_gemm import submission
     sizes = ((80, 256, 512, 1), (300, 128, 256, 1))
     table_words = 2 * submission.TENSORMAP_I64_PER_GROUP  # (G, 5, 16) Int64
     # the counters after the table, each on its own 128-byte line; the scratch after them, 128-byte aligned
@@ -548,7 +549,7 @@ def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout(
     """locate_token_unit: the scale factor of row `row` and 16-K block kb of A
     (`token_scale_offset`); convert_token_units reads a row's 4 scale factors of
     a 64-K block as one word, the next 64 K's SF_BLOCK_BYTES further."""
-    from reference import generate_input
+    from nvfp4_group_gemm.reference import generate_input
     m, n, k = 300, 128, 1024
     data = generate_input((m,), (n,), (k,), 1, seed=11, device="cpu")
     sfa_plain = data[1][0][0].view(torch.uint8)[:, :, 0]  # [M, K/16]
@@ -581,7 +582,7 @@ def test_the_register_budget_counts_warps_per_scheduler():
 
 
 def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
-    import eval as ev
+    from nvfp4_group_gemm import eval as ev
     line = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized "
             "due to insufficient register resources for the function 'kernel'")
     assert ev.PTXAS_WGMMA_SERIALIZED.search(line)
@@ -589,7 +590,7 @@ def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
 
 
 def test_sweep_picks_configurations_by_name():
-    import eval as ev
+    from nvfp4_group_gemm import eval as ev
     assert ev.sweep_configs() == list(hopper.SM90_CONFIGS.values())
     assert ev.sweep_configs(["128x128"]) == [hopper.SM90_CONFIG]
     assert [c.name for c in ev.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]

@@ -11,9 +11,9 @@ import gc
 import pytest
 import torch
 
-import submission
+from nvfp4_group_gemm import submission
 from conftest import needs_cuda
-from reference import generate_input
+from nvfp4_group_gemm.reference import generate_input
 
 
 CPU_STREAM = 0  # what the CPU launcher's plans file their launch under
@@ -347,7 +347,7 @@ def expected_record(data, plan_ready=1):
 
 @needs_cuda
 def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
-    import hostbench
+    from nvfp4_group_gemm import hostbench
     launcher = submission.GroupedGemmLauncher(compile_fn=hostbench.standin_compile)
     data = generate_input((64, 200), (256, 512), (512, 256), 2, seed=3)
     launcher(data)
@@ -378,7 +378,7 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
 
 @needs_cuda
 def test_gpu_launcher_uses_the_direct_argument_path_where_the_release_allows():
-    import hostbench
+    from nvfp4_group_gemm import hostbench
     compiled = hostbench.standin_compile(None).gemm
     host = submission.HostFunction(compiled, torch.cuda.current_device())
     assert (host.capi is not None) == submission.argument_layout_matches(compiled)

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-import portable
-import submission
+from nvfp4_group_gemm import portable
+from nvfp4_group_gemm import submission
 from conftest import TEST_CASES
-from reference import generate_input, ref_kernel
+from nvfp4_group_gemm.reference import generate_input, ref_kernel
 
 
 def test_plain_scale_factors_undo_the_blocked_layout(cpu_data):
@@ -17,7 +17,7 @@ def test_plain_scale_factors_undo_the_blocked_layout(cpu_data):
 
 
 def test_e2m1_table_matches_every_code():
-    from reference import e2m1_value
+    from nvfp4_group_gemm.reference import e2m1_value
     assert [float(v) for v in portable._E2M1_VALUES] == [e2m1_value(i) for i in range(16)]
 
 

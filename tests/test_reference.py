@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import TEST_CASES
-from reference import check_implementation, generate_input, ref_kernel
+from nvfp4_group_gemm.reference import check_implementation, generate_input, ref_kernel
 
 
 def independent_result(a, b, sfa, sfb):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import submission
-from reference import generate_input
+from nvfp4_group_gemm import submission
+from nvfp4_group_gemm.reference import generate_input
 
 
 def fresh():

@@ -69,7 +69,7 @@ def flush_l2():
 
 
 def benchmark_inputs(args: dict) -> list:
-    from reference import generate_input
+    from .reference import generate_input
     inputs = []
     args = dict(args)
     for _ in range(NUM_INPUTS_PER_BENCHMARK):
@@ -85,10 +85,19 @@ def load_submission():
     Each makes itself a custom_kernel path when imported
     (`submission.register_path`); the leaderboard copies only submission.py
     and runs only its B200 path."""
-    import submission
-    import portable  # noqa: F401  (registers the path of GPUs without a kernel)
+    from . import portable, submission  # noqa: F401  (portable registers the path of GPUs without a kernel)
     try:
-        import hopper  # noqa: F401  (registers the sm_90 path)
+        from . import hopper  # noqa: F401  (registers the sm_90 path)
     except ImportError:
         pass
     return submission
+
+
+def custom_kernel(data):
+    """`submission.custom_kernel` with every code path registered (`load_submission`)."""
+    return load_submission().custom_kernel(data)
+
+
+def code_path(device) -> str:
+    """The label of the path `custom_kernel` takes on `device` ("b200-tcgen05", "hopper-sm90", "portable-torch")."""
+    return load_submission().code_path(device)

@@ -7,9 +7,9 @@ eval.py uses its dequantization for the dequantize-then-grouped_mm peer and the
 reference's self-check."""
 import torch
 
-import submission
-from submission import SF_VEC_SIZE
-from task import input_t, output_t
+from . import submission
+from .submission import SF_VEC_SIZE
+from .task import input_t, output_t
 
 PATH_PORTABLE = "portable-torch"  # custom_kernel's label for this path (submission.code_path)
 

@@ -96,8 +96,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-import submission
-from submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_GROUP, GroupTensormaps,
+from . import submission
+from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_GROUP, GroupTensormaps,
                         TileConfig, TileScheduler, WorkTile, ceil_div, check_budget, tensormap_staging,
                         write_group_tensormaps)
 
@@ -641,7 +641,7 @@ class Sm90GroupedGemmKernel:
         stages, width = self.num_ab_stages, self.packed_k_bytes
         b_packed = cute.make_layout((WEIGHT_ROWS, width, stages), stride=(width, 1, WEIGHT_ROWS * width))
         return Sm90SmemLayouts(
-            tokens=sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, stages),
+            tokens=sm90_utils.make_smem_layout_a(submission.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, stages),
             b_packed=b_packed,
             sf=cute.make_layout((self.sf_stage_bytes, stages)))
 

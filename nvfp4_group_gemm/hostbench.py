@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from harness import NUM_INPUTS_PER_BENCHMARK as NUM_INPUTS, benchmark_inputs, clone_data, load_submission
+from .harness import NUM_INPUTS_PER_BENCHMARK as NUM_INPUTS, benchmark_inputs, clone_data, load_submission
 
 submission = load_submission()  # with hopper.py's sm_90 path where present
 
@@ -172,7 +172,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
         return results
 
     path = submission.code_path(device)
-    hopper = sys.modules.get("hopper")  # registered by load_submission where present
+    hopper = sys.modules.get("nvfp4_group_gemm.hopper")  # registered by load_submission where present
     config = None  # the B200 cost model's choice per shape set
     if path == submission.PATH_B200:
         compile_fn, kernel = submission.compile_grouped_gemm, "B200 kernel"
