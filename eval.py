@@ -663,8 +663,8 @@ def compile_in_process(name: str, arch: str, keep_dir: Optional[str]) -> dict:
 def compile_configs(arch: str, keep_dir: Optional[str], names: Optional[list] = None,
                     cache: Optional[toolchain.ResultCache] = None, report=None) -> list:
     """Compile the configurations `names` (default: all) for `arch`, each in its own process, a few at a time;
-    `report(done, total, row)` as each finishes. Results come from `cache` where it has them (not with
-    `keep_dir`, which needs the PTX), and ok ones go into it."""
+    `report(done, total, row)` as each finishes. Results come from `cache` where it has them, and ok ones go
+    into it; with `keep_dir`, which needs the PTX, everything compiles and nothing is cached."""
     names = [c.name for c in kernel_configs(arch)] if names is None else list(names)
     cache = cache or toolchain.ResultCache(None)
     ptxas = toolchain.find_ptxas()
@@ -689,7 +689,7 @@ def compile_configs(arch: str, keep_dir: Optional[str], names: Optional[list] = 
         futures = {pool.submit(compile_in_process, name, arch, keep_dir): name for name in todo}
         for future in as_completed(futures):
             name, row = futures[future], future.result()
-            if row.get("ok"):
+            if row.get("ok") and not keep_dir:  # a kept run's rows name its PTX files
                 cache.store(keys[name], row)
             finish(name, row)
     return [rows[name] for name in names]
