@@ -1275,8 +1275,12 @@ def print_peers(cases: list, rows: list) -> None:
     print(f"  {'#':>2} {'ours':>9} {'grouped_mm':>11} {'deq+gmm':>9} {'portable':>9} "
           f"{'ours TFLOP/s':>12} {'% peak':>7} {'vs gmm':>7}  shape")
     for case, row in zip(cases, (r for r in rows if r["kind"] == "benchmark")):
-        inputs = benchmark_inputs(case.args)
         sizes = problem_sizes_of(case.args)
+        if len({(n, k) for _, n, k, _ in sizes}) > 1:  # its B is one (G, K, N) tensor
+            print(f"  {row['index']:>2} peers skipped: torch._grouped_mm takes one N and one K for all groups"
+                  f"  {short_spec(sizes)}")
+            continue
+        inputs = benchmark_inputs(case.args)
         flops = flops_of(sizes)
         ours = row["stats"].mean / 1e3 if row["ok"] else float("nan")
         pre_dequantized = grouped_mm_on_bf16(inputs)

@@ -50,6 +50,7 @@ import gc
 import itertools
 import os
 import struct
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
@@ -65,8 +66,21 @@ import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.cute.runtime import make_fake_stream, make_ptr
 
-# Newer DSL releases keep LayoutEnum in cutlass.tensor_utils and deprecate cutlass.utils's; older ones have only that.
-LayoutEnum = getattr(cutlass, "tensor_utils", utils).LayoutEnum
+
+def undeprecated(module, name: str, replacement):
+    """`module.name`, or `replacement` where this DSL release deprecates the one for the other (older releases
+    have only `module.name`, and there the two may be different objects)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(module, name)
+    return replacement if any(issubclass(w.category, DeprecationWarning) for w in caught) else value
+
+
+# Newer releases move these out of cutlass.utils (and deprecate them there); older ones have only those.
+tensor_utils = getattr(cutlass, "tensor_utils", utils)
+LayoutEnum = tensor_utils.LayoutEnum
+SmemAllocator = getattr(cutlass, "memory", utils).SmemAllocator
+OperandMajorMode = undeprecated(tcgen05, "OperandMajorMode", cute.nvgpu.OperandMajorMode)
 
 try:  # inside the installed package (nvfp4_group_gemm.task)
     from .task import input_t, output_t
@@ -475,7 +489,7 @@ class TileScheduler:
 
 # ==== TMA descriptors: every group's, built once per input, fetched by the roles =====================================
 def tensormap_manager():
-    return utils.TensorMapManager(utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
+    return tensor_utils.TensorMapManager(tensor_utils.TensorMapUpdateMode.SMEM, BYTES_PER_TENSORMAP)
 
 
 def tensormap_staging(count: int):
@@ -675,7 +689,7 @@ class Sm100GroupedGemmKernel:
         """The block-scaled MMA (1 or 2 CTAs) and the one whose B partition places SFB': for a pair a 1-CTA MMA of
         the CTA's 128 rows by the whole N' (rounded up to 128), since each CTA holds all of the tile's SFB'."""
         make = lambda group, shape_mn: sm100_utils.make_blockscaled_trivial_tiled_mma(
-            AB_DTYPE, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, group, shape_mn)
+            AB_DTYPE, OperandMajorMode.K, OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, group, shape_mn)
         tiled_mma = make(self.cta_group, self.tile_mnk[:2])
         if not self.two_cta:
             self.sfb_tiler_mnk = self.tile_mnk
@@ -741,7 +755,7 @@ class Sm100GroupedGemmKernel:
                           tma_atom_sfb: cute.CopyAtom, tma_atom_c: cute.CopyAtom, problem_sizes: cute.Tensor,
                           abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor, tensormaps: cute.Tensor):
         _, _, group = cute.arch.block_idx()
-        staging = utils.SmemAllocator().allocate(self.tensormap_staging)
+        staging = SmemAllocator().allocate(self.tensormap_staging)
         d = self.output_tensor(problem_sizes[group, 0], problem_sizes[group, 1], abc_ptrs[group, 2])
         write_group_tensormaps((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb, tma_atom_c),
                                (*self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), d), tensormaps, group,
@@ -806,7 +820,7 @@ class Sm100GroupedGemmKernel:
         layouts = Sm100SmemLayouts(a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged,
                                    sfb_smem_layout_staged, c_smem_layout_staged, epi_tile)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        storage = SmemAllocator().allocate(self.shared_storage)
         # Everything the roles use from shared memory, so that no role needs the storage struct itself (older
         # DSL releases cannot carry it into dynamic branches).
         smem = SmemTensors(

@@ -104,6 +104,7 @@ from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64
 # =============================================================================
 # Configuration
 # =============================================================================
+OperandMajorMode = submission.undeprecated(warpgroup, "OperandMajorMode", cute.nvgpu.OperandMajorMode)
 WEIGHT_ROWS = 128  # B rows (weights' N) per tile: two MMA warpgroups, wgmma M = 64 each
 SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 
@@ -625,7 +626,7 @@ class Sm90GroupedGemmKernel:
         """wgmma's B (its 128 weight rows: wgmma's A, from registers) x A (the
         tokens: wgmma's N, tile_m or `tokens`, from the shared-memory stage)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float16, cutlass.Float16, OperandMajorMode.K, OperandMajorMode.K,
             cutlass.Float32, (WEIGHT_ROWS // 64, 1, 1), tiler_mn=(64, tokens or self.tile_m),
             a_source=warpgroup.OperandSource.RMEM)
         # dequantize_a_fragment writes this thread-value layout of A (m + 64 k): thread
@@ -703,7 +704,7 @@ class Sm90GroupedGemmKernel:
     def tensormap_builder(self, tma_atom_a: cute.CopyAtom, tma_atom_b: cute.CopyAtom, problem_sizes: cute.Tensor,
                           abc_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32):
         _, _, group = cute.arch.block_idx()
-        staging = utils.SmemAllocator().allocate(self.tensormap_staging)
+        staging = submission.SmemAllocator().allocate(self.tensormap_staging)
         write_group_tensormaps(
             (tma_atom_a, tma_atom_b),
             (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
@@ -766,7 +767,7 @@ class Sm90GroupedGemmKernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        storage = submission.SmemAllocator().allocate(self.shared_storage)
         # "skip-tokens" (a timing diagnostic) loads no tokens
         skipped = self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic == "skip-tokens") else 0
         # a pair: the tokens of a stage come half from each CTA (tx_count: every byte lands in both), and a

@@ -331,3 +331,21 @@ def test_two_cta_ptx_has_the_pair_instructions(report, config):
     # descriptors and programmatic launch as in the 1-CTA kernel
     assert features["tensormap_replace"] == 0 and features["acquires_before_waits"] == [4, 1]
     assert features["pdl_wait"] == 2 and features["pdl_launch_dependents"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,arch", [("128x128", "sm_100a"), ("2cta-swap-256x128", "sm_100a"),
+                                       ("sm90-128x128-k128-wr", "sm_90a")])
+def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
+    """What our modules call of the DSL is not deprecated (a deprecation is the next release's breakage): a
+    compile with DeprecationWarnings raised from nvfp4_group_gemm's modules as errors still succeeds."""
+    code = ("import json, sys, warnings\n"
+            "warnings.filterwarnings('error', category=DeprecationWarning, module='nvfp4_group_gemm')\n"
+            "from nvfp4_group_gemm import eval\n"
+            "print(json.dumps(eval.compile_one(sys.argv[1], sys.argv[2], None)))\n")
+    done = subprocess.run([sys.executable, "-c", code, name, arch], cwd=ROOT, env=env_for("installed"),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "Deprecation" not in json.dumps(row), row
+    assert row["ok"], row
