@@ -349,3 +349,134 @@ def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert "Deprecation" not in json.dumps(row), row
     assert row["ok"], row
+
+
+# ---- the B200 kernel's PTX against NVIDIA's example -------------------------------------------------------
+# Reviewed facts: an independent line-by-line review (nvidia-cutlass-dsl 4.8.1) compiled NVIDIA's CuTe DSL
+# grouped block-scaled GEMM example at the same tiles and found these equal in both PTX files (128x128;
+# swap-128x256 as NVIDIA's 128x256 with column-major C; the pairs as its 256x256 and 256x128 on a (2,1)
+# cluster). None: not compared by the review. A DSL release or a change here that moves one fails below,
+# naming the configuration and the field.
+REVIEWED_PTX_FACTS = {
+    "128x128": dict(instruction_descriptor=0x08200480, expect_tx_bytes=36864, scale_copies_per_stage=8,
+                    cta_group=1, tmem_load="32x32b.x32"),
+    "swap-128x256": dict(instruction_descriptor=0x08400480, expect_tx_bytes=55296, scale_copies_per_stage=None,
+                         cta_group=1, tmem_load=None),
+    "2cta-256x256": dict(instruction_descriptor=0x10400480, expect_tx_bytes=77824, scale_copies_per_stage=12,
+                         cta_group=2, tmem_load="32x32b.x32"),
+    "2cta-swap-256x128": dict(instruction_descriptor=0x10200480, expect_tx_bytes=57344, scale_copies_per_stage=8,
+                              cta_group=2, tmem_load="16x256b.x4"),
+}
+
+
+def expected_forms(g: int) -> dict:
+    """The review's instruction forms for cta_group g (its "also equal" list)."""
+    pair = g == 2
+    return {
+        "mma": {f"tcgen05.mma.cta_group::{g}.kind::mxf4nvf4.block_scale.block16"},
+        "commit": {f"tcgen05.commit.cta_group::{g}.mbarrier::arrive::one.shared::cluster"
+                   + (".multicast::cluster" if pair else "") + ".b64"},
+        "commit_masks": {3} if pair else set(),  # a pair's commits signal both CTAs
+        "tmem_alloc": {f"tcgen05.alloc.cta_group::{g}.sync.aligned.shared::cta.b32",
+                       f"tcgen05.dealloc.cta_group::{g}.sync.aligned.b32",
+                       f"tcgen05.relinquish_alloc_permit.cta_group::{g}.sync.aligned"},
+        # (dimensions, form) -> share of the loads: A' and B' 2-d, SFA' and SFB' 3-d; a pair's loads are 2-SM
+        # loads completing on the leader's barrier, SFB' multicast to both CTAs
+        "tma_loads": ({(2, "shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint.cta_group::2"): 2,
+                       (3, "shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint.cta_group::2"): 1,
+                       (3, "shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint"
+                           ".cta_group::2"): 1} if pair else
+                      {(2, "shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"): 1,
+                       (3, "shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"): 1}),
+        # A/B stages 1; accumulator 1 and 4 (the epilogue's warps; a pair: both CTAs' 8); TMEM hand-back 32
+        "mbarrier_init_counts": {1, 8, 32} if pair else {1, 4},
+    }
+
+
+def immediates(ptx: str, width: str = "32") -> dict:
+    """register -> the immediates `mov.b{width}` puts in it."""
+    found = {}
+    for reg, value in re.findall(rf"mov\.[bu]{width}\s+(%\w+),\s*(-?\d+);", ptx):
+        found.setdefault(reg, set()).add(int(value))
+    return found
+
+
+def operand_values(ptx: str, operands: list, width: str = "32") -> set:
+    movs, values = immediates(ptx, width), set()
+    for operand in operands:
+        values |= movs.get(operand, {"(computed)"}) if operand.startswith("%") else {int(operand)}
+    return values
+
+
+def observed_ptx_facts(ptx: str) -> dict:
+    """The reviewed fields as this PTX has them. Older DSL releases spell two forms differently (block16 is
+    scale_vec::4X; a CTA's own shared memory, shared::cluster) and unroll the producer's loop: forms are
+    normalized, and the loads counted as shares."""
+    ptx = ptx.replace("block_scale.scale_vec::4X", "block_scale.block16")
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.(shared::\w+\.global\S*?);?\s", ptx)
+    loads = [(int(d), form if "cta_group::2" in form else form.replace("shared::cluster", "shared::cta"))
+             for d, form in loads]
+    counts = {key: loads.count(key) for key in set(loads)}
+    unit = math.gcd(*counts.values()) if counts else 1
+    return {
+        "instruction_descriptors": {int(v) for pair in re.findall(r"selp\.b32\s+%r\d+,\s*(\d+),\s*(\d+),", ptx)
+                                    for v in pair},
+        "expect_tx_bytes": operand_values(ptx, re.findall(r"mbarrier\.arrive\.expect_tx\S*\s+\S+,\s*\[[^\]]+\],\s*"
+                                                          r"(%r\d+|\d+);", ptx)),
+        "scale_copies": re.findall(r"(tcgen05\.cp\.\S+)\s", ptx),
+        "mma": set(re.findall(r"(tcgen05\.mma\.cta_group::\d\.kind::[\w:.]+?)(?:\.collector::\S+)?\s", ptx)),
+        "commit": set(re.findall(r"(tcgen05\.commit\.\S+)\s", ptx)),
+        "commit_masks": operand_values(ptx, re.findall(r"tcgen05\.commit\.\S+\s+\[[^\]]+\],\s*(%rs\d+|\d+);", ptx),
+                                       "16") - {"(computed)"},
+        "tmem_alloc": set(re.findall(r"(tcgen05\.(?:alloc|dealloc|relinquish_alloc_permit)\.[\w:.]+?)\s*[;\s]", ptx)),
+        "tmem_loads": set(re.findall(r"tcgen05\.ld\.sync\.aligned\.(\w+\.x\d+)\.b32", ptx)),
+        "tma_loads": {key: n // unit for key, n in counts.items()},
+        "mbarrier_init_counts": operand_values(ptx, re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*"
+                                                               r"(%r\d+|\d+);", ptx)),
+    }
+
+
+def differences(config: str, observed: dict) -> list:
+    facts = REVIEWED_PTX_FACTS[config.split("/")[0]]
+    wrong = []
+
+    def check(field, ok, got, want):
+        if not ok:
+            wrong.append(f"{config}: {field}: the PTX has {got}, the reviewed value is {want}")
+    check("instruction_descriptor", facts["instruction_descriptor"] in observed["instruction_descriptors"],
+          sorted(hex(v) for v in observed["instruction_descriptors"]), hex(facts["instruction_descriptor"]))
+    check("expect_tx_bytes", observed["expect_tx_bytes"] == {facts["expect_tx_bytes"]},
+          observed["expect_tx_bytes"], facts["expect_tx_bytes"])
+    g = facts["cta_group"]
+    copies = observed["scale_copies"]
+    check("scale_copy_form", set(copies) == {f"tcgen05.cp.cta_group::{g}.32x128b.warpx4"}, set(copies),
+          f"tcgen05.cp.cta_group::{g}.32x128b.warpx4")
+    if facts["scale_copies_per_stage"] is not None:
+        check("scale_copies_per_stage", len(copies) == facts["scale_copies_per_stage"], len(copies),
+              facts["scale_copies_per_stage"])
+    if facts["tmem_load"] is not None:
+        check("tmem_load", observed["tmem_loads"] == {facts["tmem_load"]}, observed["tmem_loads"], facts["tmem_load"])
+    for field, want in expected_forms(g).items():
+        check(field, observed[field] == want, observed[field], want)
+    return wrong
+
+
+@pytest.mark.parametrize("config", sorted(REVIEWED_PTX_FACTS))
+def test_the_ptx_keeps_the_facts_the_review_found_equal_to_nvidias_example(report, config):
+    assert set(REVIEWED_PTX_FACTS) == set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
+    for name in (config, f"{config}/contiguous"):
+        _, ptx = ptx_of(report, name)
+        wrong = differences(name, observed_ptx_facts(ptx))
+        assert not wrong, "\n".join(wrong)
+
+
+def test_a_changed_fact_is_named_with_its_configuration_and_field():
+    observed = {"instruction_descriptors": {0x08200480}, "expect_tx_bytes": {36864},
+                "scale_copies": ["tcgen05.cp.cta_group::1.32x128b.warpx4"] * 8, "tmem_loads": {"32x32b.x32"},
+                **expected_forms(1)}
+    assert differences("128x128", observed) == []
+    moved = dict(observed, expect_tx_bytes={32768}, commit={"tcgen05.commit.cta_group::2.x"})
+    assert differences("128x128/contiguous", moved) == [
+        "128x128/contiguous: expect_tx_bytes: the PTX has {32768}, the reviewed value is 36864",
+        "128x128/contiguous: commit: the PTX has {'tcgen05.commit.cta_group::2.x'}, the reviewed value is "
+        "{'tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64'}"]
