@@ -102,6 +102,8 @@ MMA_K_BLOCKS_PER_STAGE = 4  # a stage holds 4 MMA instructions' K (4 x 64 = 256)
 TMEM_COLUMNS = 512
 SMEM_CAPACITY = 232448  # sm_100: 227 KiB of shared memory per block
 SMEM_RESERVED = 1024  # barriers, TMEM address, alignment slack
+SM_SHARED_MEMORY = 233472  # sm_100: 228 KiB of shared memory per SM, shared by the CTAs resident on it
+CTA_SMEM_RESERVED = 1024  # what the runtime keeps of an SM's shared memory per resident CTA
 SM100_SM_COUNT = 148  # B200
 
 EPILOGUE_WARPS = (0, 1, 2, 3)
@@ -232,6 +234,23 @@ def kernel_problem(size, config: TileConfig) -> Tuple[int, int, int, int]:
 def tile_count(problem_sizes, config: TileConfig) -> int:
     return sum(ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n)
                for mp, np_, _, _ in (kernel_problem(s, config) for s in problem_sizes))
+
+
+def ctas_per_sm_by_smem(smem_bytes: int) -> int:
+    """How many CTAs taking `smem_bytes` of dynamic shared memory fit one SM's shared memory at once."""
+    return SM_SHARED_MEMORY // (smem_bytes + CTA_SMEM_RESERVED)
+
+
+def check_sm_exclusive(config_name: str, smem_bytes: int) -> None:
+    """The GEMM's CTAs allocate all TMEM_COLUMNS before `griddepcontrol.wait`. That is safe only while two of
+    them cannot share an SM: else a dependent launch's CTA, started early by PDL, could sit in tcgen05.alloc
+    beside the CTA it waits for. Shared memory is what keeps them apart (registers would not: 192 threads of
+    up to 170 registers fit twice), so a configuration that leaves room for two raises here, at trace time."""
+    if ctas_per_sm_by_smem(smem_bytes) > 1:
+        raise ValueError(
+            f"{config_name}: two CTAs fit one SM ({smem_bytes} bytes of shared memory each, {SM_SHARED_MEMORY} "
+            "per SM), and the GEMM allocates TMEM before griddepcontrol.wait: a dependent launch's CTA could "
+            "block in tcgen05.alloc beside the one it waits for. Move the allocation after the wait.")
 
 
 def persistent_ctas(tiles: int, num_sms: int, balanced: bool = False) -> int:
@@ -792,6 +811,7 @@ class Sm100GroupedGemmKernel:
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
+        check_sm_exclusive(self.config.name, self.smem_bytes)
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
@@ -1261,14 +1281,19 @@ class ShapePlan(NamedTuple):
 
 @functools.lru_cache(maxsize=256)
 def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Optional[TileConfig] = None,
-               choose: Callable[[tuple, int], TileConfig] = choose_config) -> ShapePlan:
+               choose: Callable[[tuple, int], TileConfig] = choose_config,
+               max_pairs: Optional[int] = None) -> ShapePlan:
     """Raises ValueError, naming the group, for sizes the kernel cannot take. `config` fixed, else
-    `choose(problem_sizes, num_sms)` (the cost model's `choose_config`), called once the sizes are known to be valid."""
+    `choose(problem_sizes, num_sms)` (the cost model's `choose_config`), called once the sizes are known to be valid.
+    A configuration of CTA pairs gets at most `max_pairs` of them (`resident_clusters`), else SMs // 2."""
     for g, size in enumerate(problem_sizes):
         check_problem_size(g, size)
     config = config or choose(problem_sizes, num_sms)
     tiles = tile_count(problem_sizes, config)
-    ctas = persistent_ctas(tiles, num_sms // config.cta_group, config.schedule.balanced_ctas)
+    units = num_sms // config.cta_group
+    if config.cta_group == 2 and max_pairs:
+        units = min(units, max_pairs)
+    ctas = persistent_ctas(tiles, units, config.schedule.balanced_ctas)
     order = group_order(problem_sizes, config.schedule)
     ordered = [problem_sizes[g] for g in order]
     size_words = tuple(w for mp, np_, k, l in (kernel_problem(s, config) for s in ordered)
@@ -1321,6 +1346,17 @@ TABLE_SLOTS_PER_CHUNK = 64
 @functools.lru_cache(maxsize=None)
 def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def resident_clusters(index: int, cluster_size: int) -> int:
+    """Clusters of `cluster_size` CTAs, each CTA an SM's whole shared memory, that device `index` holds at once:
+    the DSL's occupancy query, which NVIDIA's examples size their persistent grids by (a GPC whose SM count is
+    odd leaves an SM out of every pairing). A persistent grid of more would run its last clusters as a second
+    wave. At most SMs // cluster_size."""
+    with torch.cuda.device(index):
+        found = utils.HardwareInfo(index).get_max_active_clusters(cluster_size)
+    return max(1, min(sm_count(index) // cluster_size, found))
 
 
 # The current CUDA stream's handle on a device: torch's private accessor (a tenth of the cost), if any.
@@ -1583,8 +1619,11 @@ class GroupedGemmLauncher:
         """A new input's ShapePlan, table words and device index; ValueError naming group and problem."""
         def gather(check: bool) -> Tuple[ShapePlan, Optional[list], int]:
             device_index = data[0][0][0].get_device()
-            shape = shape_plan(tuple(map(tuple, data[3])), device_index, self.num_sms(device_index), config,
-                               self.choose)
+            sizes, sms = tuple(map(tuple, data[3])), self.num_sms(device_index)
+            shape = shape_plan(sizes, device_index, sms, config, self.choose)
+            # as many pairs as the device holds at once (no query during a capture: `build` refuses a new input there)
+            if shape.config.cta_group == 2 and not stream_capturing():
+                shape = shape_plan(sizes, device_index, sms, config, self.choose, self.max_pairs(device_index))
             return shape, gather_tables(data, shape, check), device_index
         try:
             check_group_lengths(data)
@@ -1608,6 +1647,10 @@ class GroupedGemmLauncher:
             oldest = next((k for k, p in self.plans.items() if not p.captured), None)
             if oldest is not None:
                 self.plans.pop(oldest).release()
+
+    @staticmethod
+    def max_pairs(device_index: int) -> int:
+        return resident_clusters(device_index, 2)
 
     @staticmethod
     def num_sms(device_index: int) -> int:

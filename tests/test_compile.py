@@ -480,3 +480,18 @@ def test_a_changed_fact_is_named_with_its_configuration_and_field():
         "128x128/contiguous: expect_tx_bytes: the PTX has {32768}, the reviewed value is 36864",
         "128x128/contiguous: commit: the PTX has {'tcgen05.commit.cta_group::2.x'}, the reviewed value is "
         "{'tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64'}"]
+
+
+def test_no_two_gemm_ctas_share_an_sm_while_tmem_is_taken_before_the_wait(report):
+    """Every B200 configuration's shared memory keeps a second CTA off its SM (check_sm_exclusive, at trace
+    time): a dependent launch's CTA cannot block in tcgen05.alloc beside the one it waits for."""
+    for kernel in report["kernels"]:
+        assert submission.ctas_per_sm_by_smem(kernel["dynamic_smem_bytes"]) == 1, kernel["config"]
+
+
+def test_a_configuration_that_two_ctas_could_share_an_sm_with_is_refused():
+    room_for_two = submission.SM_SHARED_MEMORY // 2 - submission.CTA_SMEM_RESERVED
+    with pytest.raises(ValueError, match="128x64: two CTAs fit one SM .* Move the allocation after the wait"):
+        submission.check_sm_exclusive("128x64", room_for_two)
+    submission.check_sm_exclusive("128x128", room_for_two + 1)  # one more byte: one CTA per SM
+    assert submission.ctas_per_sm_by_smem(room_for_two + 1) == 1

@@ -414,3 +414,38 @@ def test_freezing_takes_every_live_object_out_of_full_collections():
         assert gc.get_objects(generation=2).count(tracked[0]) == 0  # frozen, not in the oldest generation
     finally:
         gc.unfreeze()
+
+
+def test_a_pair_grid_is_capped_at_the_clusters_the_device_holds():
+    """A persistent grid of CTA pairs is sized by the 2-SM clusters that fit at once (as NVIDIA's examples size
+    theirs), never above SMs // 2; one-CTA configurations are unaffected."""
+    pair, single = submission.PAIR_CONFIGS["2cta-256x256"], submission.TILE_CONFIGS["128x128"]
+    sizes = ((512, 4096, 7168, 1),) * 8
+    assert submission.shape_plan(sizes, -1, 148, pair).ctas == 74
+    assert submission.shape_plan(sizes, -1, 148, pair, max_pairs=70).ctas == 70
+    assert submission.shape_plan(sizes, -1, 148, pair, max_pairs=80).ctas == 74
+    assert submission.shape_plan(sizes, -1, 148, single, max_pairs=70).ctas == 148
+
+
+def test_resident_clusters_asks_the_dsls_occupancy_query_and_caps_it(monkeypatch):
+    """On the CPU, with a stand-in for the DSL's HardwareInfo: the query's answer, at most SMs // 2."""
+    import contextlib
+    answers = {}
+
+    class StandIn:
+        def __init__(self, index):
+            self.index = index
+
+        def get_max_active_clusters(self, size):
+            return answers[(self.index, size)]
+    monkeypatch.setattr(submission.utils, "HardwareInfo", StandIn)
+    monkeypatch.setattr(submission.torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(submission, "sm_count", lambda index: 148)
+    submission.resident_clusters.cache_clear()
+    try:
+        answers.update({(0, 2): 70, (1, 2): 80})
+        assert submission.resident_clusters(0, 2) == 70  # a GPC with an odd SM count: fewer than 74
+        assert submission.resident_clusters(1, 2) == 74  # never above SMs // 2
+        assert submission.GroupedGemmLauncher.max_pairs(0) == 70
+    finally:
+        submission.resident_clusters.cache_clear()
