@@ -38,7 +38,10 @@ TMEM (512 columns): `num_acc_stages` x tile_n fp32 accumulator columns, then the
 Every role walks the same tiles (`TileScheduler`). Every group's TMA descriptors are built once per input by a
 small kernel (`build_tensormaps`) into plan-owned memory; a role fetches a group's a tile ahead (`GroupTensormaps`).
 Every launch overlaps the previous kernel's tail (programmatic dependent launch): set-up before
-`griddepcontrol.wait`, `launch_dependents` once the last loads are issued. Sizes, pointers and counts are
+`griddepcontrol.wait`, `launch_dependents` once the last loads are issued. Before its wait a kernel reads
+global memory only from the plan's tables, which only host copies on the plan's stream write: the GEMM the
+problem sizes (its MMA warp, which never waits, reads nothing else) and, with `plan_ready`, the first
+descriptors; the builder the sizes and address tables. Everything else is read after the wait. Sizes, pointers and counts are
 run-time: one compile per configuration and architecture serves every shape set (`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a
 new input once and relaunches a known one with one call. Imports only torch, cutlass and `task` (the
 leaderboard copies only this file).
@@ -525,7 +528,8 @@ def write_group_tensormaps(atoms, tensors, tensormaps: cute.Tensor, group, stagi
     """Builder kernel body, one warp per group: each of the group's descriptors (slot i: `atoms[i]`'s template
     with `tensors[i]`'s address, sizes and strides: tensormap.replace in shared memory) copied to the
     (G, 5, 16) table with a release fence. Nothing is written before the previous kernel has finished (its
-    memory may be what this plan's table now occupies)."""
+    memory may be what this plan's table now occupies). Before the wait it reads only the plan's size and
+    address tables (the caller's `tensors`), which host copies on this stream wrote."""
     cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading the table
     manager = tensormap_manager()
     smem = tuple(staging.maps.data_ptr() + i * (BYTES_PER_TENSORMAP // 8) for i in range(len(atoms)))

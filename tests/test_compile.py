@@ -5,6 +5,7 @@ Each kernel is compiled in a fresh interpreter (`eval.py compile`), because CuTe
 DSL takes its target from CUTE_DSL_ARCH. Set NVFP4_EXTRA_CUTLASS_DSL to a folder
 holding another nvidia-cutlass-dsl release (`pip install --target`; `.ci/run`
 does this for 4.5.2) to compile under that release too."""
+import inspect
 import json
 import math
 import os
@@ -163,6 +164,7 @@ def test_the_cost_model_counts_the_stages_the_kernel_has(report):
 @pytest.mark.slow
 def test_other_shape_sets_trigger_no_compile():
     code = """
+import inspect
 import json
 from nvfp4_group_gemm import submission
 from cutlass import cute
@@ -495,3 +497,68 @@ def test_a_configuration_that_two_ctas_could_share_an_sm_with_is_refused():
         submission.check_sm_exclusive("128x64", room_for_two)
     submission.check_sm_exclusive("128x128", room_for_two + 1)  # one more byte: one CTA per SM
     assert submission.ctas_per_sm_by_smem(room_for_two + 1) == 1
+
+
+# ---- what the kernels read before they wait for the previous kernel ----------------------------------------
+PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)\s+([^;]*);", re.M)
+NOT_A_DEFINITION = ("st.", "bra", "bar", "mbarrier", "tcgen05.mma", "tcgen05.cp", "tcgen05.commit", "cp.", "fence",
+                    "prefetch", "griddepcontrol", "ret", "tensormap", "red.", "atom")
+
+
+def global_reads(entry: str) -> list:
+    """(instruction, before the entry's first griddepcontrol.wait in text order, the kernel parameters its
+    address derives from) of every global load and descriptor acquire of one PTX entry. An address is followed
+    back through 64-bit registers to the pointers loaded from parameters (`ld.param.b64`); a value loaded from
+    memory is a leaf of its own ("loaded")."""
+    defs = {}
+    for op, args in PTX_INSTRUCTION.findall(entry):
+        parts = [a.strip() for a in re.split(r",(?![^{]*\})", args)]
+        if not parts[0] or op.startswith(NOT_A_DEFINITION):
+            continue
+        param = re.search(r"_param_(\d+)", args)
+        if op.startswith("ld.param") and param and re.search(r"\.[bus]64", op):
+            sources = [int(param[1])]
+        elif op.startswith("ld."):
+            sources = ["loaded"]
+        else:
+            sources = [r for p in parts[1:] for r in re.findall(r"%rd\d+", p)]
+        for dest in re.findall(r"%\w+", parts[0]):
+            defs.setdefault(dest, []).extend(sources)
+
+    def leaves(reg, seen):
+        if reg in seen:
+            return set()
+        seen.add(reg)
+        return set().union(*[{s} if not str(s).startswith("%") else leaves(s, seen) for s in defs.get(reg, [])])
+    first_wait = entry.find("griddepcontrol.wait")
+    reads = re.finditer(r"(ld\.global\S*|fence\.proxy\.tensormap::generic\.acquire\S*)\s+[^\[]*\[(%rd\d+)[^\]]*\]",
+                        entry)
+    return [(m[1], first_wait < 0 or m.start() < first_wait, leaves(m[2], set())) for m in reads]
+
+
+def parameter_index(kernel, name: str) -> int:
+    """A @cute.kernel argument's index among the PTX entry's parameters (the arguments after self, in order)."""
+    return [p for p in inspect.signature(kernel).parameters if p != "self"].index(name)
+
+
+def test_before_their_waits_the_kernels_read_only_the_plans_tables(report):
+    """The GEMM's and the builder's global reads (those before griddepcontrol.wait, and those of warps that
+    never wait: the MMA warp's) all address the plan's tables, which only host copies on the plan's stream
+    write: the problem sizes (and the builder's address tables); the descriptor table through acquire fences.
+    A kernel that writes a table (group sizes computed on the device, say) breaks this, and these reads must
+    then move after the wait."""
+    gemm, builder = submission.Sm100GroupedGemmKernel.kernel, submission.Sm100GroupedGemmKernel.tensormap_builder
+    gemm_tables = {"ld.global": {parameter_index(gemm, "problem_sizes")},
+                   "fence.proxy": {parameter_index(gemm, "tensormaps")}}
+    builder_tables = {parameter_index(builder, n) for n in ("problem_sizes", "abc_ptrs", "sf_ptrs")}
+    for kernel in report["kernels"]:
+        for path, tables in ((kernel["ptx_file"], gemm_tables), (kernel["builder_ptx_file"], None)):
+            (entry,) = re.split(r"\.entry\s", open(path).read())[1:]
+            reads = global_reads(entry)
+            assert any(before for _, before, _ in reads), (path, "no read before the wait: the premise changed")
+            for instruction, before, params in reads:
+                allowed = builder_tables if tables is None else tables[instruction.split(".")[0] + (
+                    ".proxy" if instruction.startswith("fence") else ".global")]
+                assert params and params <= allowed, (
+                    f"{kernel['config']}: {instruction} ({'before' if before else 'after'} the wait) reads from "
+                    f"parameters {sorted(map(str, params))}, not only the plan's tables {sorted(allowed)}")

@@ -165,6 +165,18 @@ def test_b200_swapped_configuration_on_awkward_token_counts(swapped, m, schedule
     run_config_and_check(generate_input((m, 3 * m % 500 + 1), (256, 512), (512, 256), 2, seed=m), config)
 
 
+@needs_b200
+@pytest.mark.parametrize("schedule", list(submission.SCHEDULES))
+@pytest.mark.parametrize("n", [128, 384])
+@pytest.mark.parametrize("m", [1, 72, 129, 257])
+@pytest.mark.parametrize("pair", ["2cta-256x256", "2cta-swap-256x128"])
+def test_b200_pair_configuration_with_its_follower_cta_out_of_bounds(pair, m, n, schedule):
+    """A pair's tile spans 256 rows of its M' (tokens, or weights when swapped), 128 per CTA: with these M and
+    N the follower CTA's half lies wholly or partly past the group's end."""
+    config = CANDIDATES[f"{pair}/{schedule}"]
+    run_config_and_check(generate_input((m, m + 64), (n, n), (512, 256), 2, seed=m + n), config)
+
+
 class FewCtasLauncher(submission.GroupedGemmLauncher):
     """The B200 launcher as if the GPU had `SMS` SMs: a grid of that many CTAs at most."""
     SMS = 1
