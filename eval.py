@@ -1308,15 +1308,78 @@ def sweep_configs(only=None, diagnose: bool = False) -> list:
     return [c for c in configs if not only or any(part in c.name for part in only)]
 
 
+def awkward_shape_sets() -> list:
+    """Cases beside the task's tests for a first run on new hardware: one and two groups whose M and N leave
+    partial tiles and, for the 2-CTA configurations, a follower CTA wholly or partly out of bounds."""
+    return [TestCase(args={"m": (m, m + 64), "n": (n, n), "k": (512, 256), "g": 2, "seed": m + n},
+                     spec=f"m: [{m}, {m + 64}]; n: [{n}, {n}]; k: [512, 256]; g: 2; seed: {m + n}")
+            for m in (1, 72, 129, 257) for n in (128, 384)]
+
+
+def sweep_b200(bench_cases: list) -> int:
+    """On a B200: every configuration and schedule CONFIG_POLICY may name, checked against the reference on
+    the task's tests and `awkward_shape_sets` first; the exact ones timed on the benchmarks (the leaderboard's
+    loop); one table to paste into an issue. Exit 1 if any configuration is wrong somewhere."""
+    import torch
+    from nvfp4_group_gemm import submission
+    from nvfp4_group_gemm.reference import check_implementation, generate_input
+    checks = [case for _, case in selected_cases(TESTS_FILE, None)] + awkward_shape_sets()
+    rows = []
+    print(f"sweep on {torch.cuda.get_device_name()}: {len(submission.policy_candidates())} configurations, each "
+          f"checked on {len(checks)} cases, then timed on {len(bench_cases)} benchmarks", flush=True)
+    for n, config in enumerate(submission.policy_candidates()):
+        wrong = []
+        for case in checks:
+            data = generate_input(**case.args)
+            try:
+                passed, message = check_implementation(data, submission.run_b200(clone_data(data), config))
+            except Exception as error:  # a failed launch is this configuration's verdict
+                passed, message = False, describe_error(error)
+            if not passed:
+                wrong.append(f"{case.spec}: {message[:200]}")
+        times = {}
+        if not wrong:
+            for i, case in bench_cases:
+                inputs = benchmark_inputs(case.args)
+                times[i] = time_loop_us(lambda data, c=config: submission.run_b200(data, c), inputs)
+        modeled = {i: submission.model_time_us(problem_sizes_of(case.args), config).time_us for i, case in bench_cases}
+        rows.append({"config": config.name, "exact": f"{len(checks) - len(wrong)}/{len(checks)}", "wrong": wrong,
+                     "us": times, "model_us": modeled})
+        print(f"  [{n + 1}/{len(submission.policy_candidates())}] {config.name}: "
+              f"{'exact' if not wrong else 'WRONG on ' + str(len(wrong)) + ' cases'}", flush=True)
+    chosen = {i: submission.choose_config(problem_sizes_of(case.args)).name for i, case in bench_cases}
+    print(format_b200_sweep(rows, [i for i, _ in bench_cases], chosen))
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+def format_b200_sweep(rows: list, benchmarks: list, chosen: dict) -> str:
+    """The sweep's table: per configuration whether it is exact, its mean us per benchmark (* = custom_kernel's
+    choice there), their geometric mean, and the cost model's figure for it (a model, not a measurement)."""
+    width = max(len(r["config"]) for r in rows) + 1
+    lines = [f"{'configuration':<{width}} {'exact':>6} " + " ".join(f"{'#' + str(i) + ' us':>9}" for i in benchmarks)
+             + f" {'geomean':>8} {'model':>8}"]
+    for r in rows:
+        cells = [f"{r['us'][i]:>8.2f}" + ("*" if chosen.get(i) == r["config"] else " ") if i in r["us"]
+                 else f"{'-':>9}" for i in benchmarks]
+        timed = [r["us"][i] for i in benchmarks if i in r["us"]]
+        geomean = f"{geometric_mean(timed):>8.2f}" if timed and len(timed) == len(benchmarks) else f"{'-':>8}"
+        model = geometric_mean(r["model_us"][i] for i in benchmarks)
+        lines.append(f"{r['config']:<{width}} {r['exact']:>6} " + " ".join(cells) + f" {geomean} {model:>8.2f}")
+        lines += [f"    wrong: {w}" for w in r["wrong"][:3]]
+    return "\n".join(lines)
+
+
 def command_sweep(options) -> int:
-    """Hopper GPU only: every configuration of hopper.py (hopper.SM90_CONFIGS),
+    """B200: `sweep_b200`. Hopper GPU: every configuration of hopper.py (hopper.SM90_CONFIGS),
     each checked against the reference and timed like the peers, side by side
     with torch._grouped_mm on pre-dequantized bf16, per benchmark."""
     import torch
     from nvfp4_group_gemm import submission
     from nvfp4_group_gemm.reference import check_implementation
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0):
+        return sweep_b200(options.bench_cases)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        print("sweep: needs a Hopper GPU (sm_90)")
+        print("sweep: needs a B200 (sm_100) or a Hopper GPU (sm_90)")
         return 2
     from nvfp4_group_gemm import hopper
     from nvfp4_group_gemm.reference import generate_input
@@ -1405,8 +1468,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", type=int, metavar="I", help="only benchmark I (0-based)")
     p.add_argument("--repeats", type=int, default=20, metavar="R",
                    help="passes over the 15 inputs per measurement; the median is reported (default 20)")
-    p = sub.add_parser("sweep", help="Hopper GPU: every hopper.py configuration against "
-                       "torch._grouped_mm on pre-dequantized bf16, per benchmark")
+    p = sub.add_parser("sweep", help="B200: every configuration and schedule checked on the tests and awkward "
+                       "shapes, then timed: a table to paste into an issue. Hopper GPU: every hopper.py "
+                       "configuration against torch._grouped_mm on pre-dequantized bf16")
     p.add_argument("--case", type=int, metavar="I", help="only benchmark I (0-based)")
     p.add_argument("--diagnose", action="store_true", help="also time variants that leave a part out "
                    "(hopper.SM90_DIAGNOSTICS: conversion, wgmma, ...; wrong results, timing only)")

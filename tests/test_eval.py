@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from nvfp4_group_gemm import eval as evaluation
+from nvfp4_group_gemm.casefile import check_case, parse_test_line
 from conftest import HAS_CUDA, ROOT
 
 SMALL_CASE = "m: [40, 129]; n: [128, 256]; k: [256, 512]; g: 2; seed: 7"
@@ -160,7 +161,27 @@ def test_overhead_reports_the_host_preparation_per_call():
 def test_sweep_needs_a_hopper_gpu():
     done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "sweep", "--case", "3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 2 and "sweep: needs a Hopper GPU (sm_90)" in done.stdout
+    assert done.returncode == 2 and "sweep: needs a B200 (sm_100) or a Hopper GPU (sm_90)" in done.stdout
+
+
+def test_the_b200_sweep_checks_valid_awkward_cases_and_prints_a_table():
+    """What `eval.py sweep` prints on a B200 (it has not run on one): the cases it checks first are valid ones,
+    and its table gives each configuration's verdict, times, geometric mean and model figure."""
+    cases = evaluation.awkward_shape_sets()
+    for case in cases:
+        check_case(case.args)
+        assert parse_test_line(case.spec) == case.args
+    assert {(case.args["m"][0], case.args["n"][0]) for case in cases} == {
+        (m, n) for m in (1, 72, 129, 257) for n in (128, 384)}
+    rows = [{"config": "128x128/round-robin", "exact": "18/18", "wrong": [], "us": {0: 30.0, 1: 20.0},
+             "model_us": {0: 31.0, 1: 21.0}},
+            {"config": "2cta-256x256/contiguous", "exact": "17/18", "wrong": ["m: [1, 65]; ...: mismatch"], "us": {},
+             "model_us": {0: 28.0, 1: 22.0}}]
+    table = evaluation.format_b200_sweep(rows, [0, 1], {0: "128x128/round-robin"}).splitlines()
+    assert table[0].split() == ["configuration", "exact", "#0", "us", "#1", "us", "geomean", "model"]
+    assert table[1].split() == ["128x128/round-robin", "18/18", "30.00*", "20.00", "24.49", "25.51"]
+    assert table[2].split() == ["2cta-256x256/contiguous", "17/18", "-", "-", "-", "24.82"]
+    assert table[3] == "    wrong: m: [1, 65]; ...: mismatch"
 
 
 def test_the_sample_trace_records_gc_pauses_inside_a_sample_only_when_asked(tmp_path, monkeypatch):
