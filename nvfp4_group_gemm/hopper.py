@@ -77,12 +77,8 @@ Warps and pipelines (`WarpRoles`, checked at import):
       token units, the producer warp waits there before polling the count
 
 Configurations (`SM90_CONFIGS`): the forms that were the fastest on at least
-one benchmark in a same-run H200 measurement (docs/hopper.md); those that lost
-everywhere were removed (the last ones after commit abbbe4a: 192 x 128 tiles
-on one CTA, the pair form without narrow tiles, narrow tiles on one CTA). The
-forms that dequantize both operands inside the CTA (lockstep, a B-only
-warpgroup, converter warpgroups, with and without a token pre-pass) lost on
-every benchmark and were removed after commit eae43f1, whose hopper.py has them.
+one benchmark in a same-run H200 measurement; docs/hopper.md has the figures
+and the forms that were tried and removed (git has their code).
 """
 import dataclasses
 import os
@@ -145,12 +141,8 @@ class Sm90TileConfig(TileConfig):
 DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-token-conversion", "skip-epilogue", "no-pdl")
 # exact results: selectable by CONFIG_ENV
 EXACT_DIAGNOSTICS = ("no-pdl",)
-# Figures: docs/hopper.md. Same-run H200 timings (2026-12-05): the default is the fastest on benchmarks 2 and 3;
-# the pair form with narrow last token tiles on benchmark 0 (128.7 against 131.1 us), the 192-token pair form on
-# benchmark 1 (72.5 against 78.5 us for 192 tokens on one CTA). Removed, as the fastest nowhere: 192 x 128 with
-# 64 K per stage (benchmark 1's form until the pairs), the pair form without narrow tiles (129.3 on benchmark 0)
-# and narrow tiles on one CTA (141.5); before them 256 tokens per tile, 128 x 128 with 64 K per stage and the
-# swizzled packed stage (once the fragment loads stopped conflicting).
+# Each form is the fastest on some benchmark in a same-run H200 measurement: the default on benchmarks 2 and 3,
+# the pair with narrow last token tiles on benchmark 0, the 192-token pair on benchmark 1 (docs/hopper.md).
 SM90_CONFIGS = {c.name: c for c in (
     Sm90TileConfig("sm90-128x128-k128-wr", 128, WEIGHT_ROWS, tile_k=128),
     # (2,1,1) clusters: each CTA reads half of each token stage from the L2 and multicasts it to both
