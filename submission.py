@@ -178,11 +178,10 @@ class TileConfig:
     """A B200 kernel configuration: the scheduler's (and CTA's MMA) tile of D' and whether A, B are swapped. The
     launcher uses only these fields and methods, so another architecture's kernel (hopper.py) subclasses it."""
     name: str
-    tile_m: int  # CTA tile along M' (128: 1-CTA tcgen05)
+    tile_m: int  # the MMA's tile along M' (128 on one CTA; 256 over a pair)
     tile_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool = False  # A' = b, B' = a, D' = C^T
-    # CTAs per MMA: 1, or 2 (a (2,1) cluster, tile_m = 256 rows over the pair; modeled only: the kernel has
-    # no 2-CTA form yet, `Sm100GroupedGemmKernel` refuses it)
+    # CTAs per MMA: 1, or 2 (a (2,1) cluster, tcgen05 cta_group::2: each CTA takes 128 of tile_m's rows)
     cta_group: int = 1
     pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
     schedule: Schedule = Schedule()
@@ -1511,7 +1510,7 @@ class HostFunction:
         def launch(keep_alive=(storage, self.executor)):
             capi(packed)
             if result is not None and result.value != 0:
-                raise RuntimeError(f"CUDA error {result.value} launching the B200 kernel")
+                raise RuntimeError(f"CUDA error {result.value} launching the grouped GEMM")
         return launch
 
 
