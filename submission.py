@@ -289,12 +289,12 @@ MODEL_DESCRIPTOR_FETCH_S = 0.3e-6  # a CTA's first descriptors, built once per i
 
 class ModelConstants(NamedTuple):
     """The model's free constants, fitted to public B200 results (`python eval.py model --fit`; the data points
-    and how each maps onto a configuration and schedule: eval.py, PUBLIC_B200_RESULTS)."""
+    and how each maps onto a configuration and schedule: eval.py, PUBLIC_B200_BENCHMARK_US)."""
     dram_efficiency: float  # the share of MODEL_DRAM_BYTES_PER_S a grouped GEMM sustains
     latency_s: float  # a TMA load's DRAM round trip, also the pipeline's fill before the first MMA
     tile_overhead_s: float  # per tile and CTA: scheduling, barriers, the accumulator hand-off
     fixed_s: float  # per call: the launch gap (with PDL), the grid's ramp, the last tile's epilogue
-    descriptor_rewrite_s: float  # per group change when the GEMM rewrites descriptors (the earlier design)
+    descriptor_rewrite_s: float  # per group change for a design whose GEMM rewrites descriptors (public ones do)
 
 
 # Fitted by `python eval.py model --fit` (tests/test_compile.py refits them)
