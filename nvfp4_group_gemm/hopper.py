@@ -1293,7 +1293,7 @@ CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); u
 
 
 def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CONFIG) -> submission.Schedule:
-    """The schedule measured fastest on the H200 (docs/hopper.md, "Scheduling policies"): with more tiles than SMs
+    """The schedule measured fastest on the H200 (docs/hopper.md, "The forms"): with more tiles than SMs
     (SM pairs for cta_group 2), contiguous tile ranges over balanced CTAs, groups by descending M (3 and 7 % faster
     than round-robin on benchmarks 0 and 1); within one wave every CTA takes one tile under any schedule:
     round-robin. A form with narrow tiles: round-robin over every SM (pair), groups by descending M, so that the
@@ -1317,8 +1317,8 @@ def scheduled_by_shape(config: Sm90TileConfig):
 
 # The forms custom_kernel chooses among when CONFIG_ENV names none, with their cost of one tile per K (ns; a
 # pair's tile: each CTA's half): time ~ a fixed part + the busiest CTA's (or pair's) sum of K x cost. Ratios of
-# same-run H200 means (docs/hopper.md, "Measured: staged stores, pairs and narrow tiles"): the default's 6.64
-# (fitted earlier, docs/hopper.md "Per-shape form"); the narrow pair's wide tile x 30.8 / 30.4 (benchmark 2,
+# same-run H200 means (docs/hopper.md, "The forms, and why each exists"): the default's 6.64 (fitted on the
+# four benchmarks before the pairs); the narrow pair's wide tile x 30.8 / 30.4 (benchmark 2,
 # one wide tile per CTA either way) and its narrow tile's share from benchmark 0 (2 wide + 1 narrow per pair
 # against 3: 128.7 against 131.1 us); the 192-token pair x 72.5 / 78.5 of 192 x 128 on one CTA (benchmark 1,
 # 4 tiles per pair or CTA either way; that form's cost was 8.30). One wave (benchmarks 2, 3): the default.
