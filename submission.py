@@ -1356,10 +1356,15 @@ def resident_clusters(index: int, cluster_size: int) -> int:
     """Clusters of `cluster_size` CTAs, each CTA an SM's whole shared memory, that device `index` holds at once:
     the DSL's occupancy query, which NVIDIA's examples size their persistent grids by (a GPC whose SM count is
     odd leaves an SM out of every pairing). A persistent grid of more would run its last clusters as a second
-    wave. At most SMs // cluster_size."""
-    with torch.cuda.device(index):
-        found = utils.HardwareInfo(index).get_max_active_clusters(cluster_size)
-    return max(1, min(sm_count(index) // cluster_size, found))
+    wave. At most SMs // cluster_size, which is also the answer where the query fails (a DSL release without it,
+    a driver that refuses it): the grid is then as large as it was before the query existed."""
+    most = sm_count(index) // cluster_size
+    try:
+        with torch.cuda.device(index):
+            found = utils.HardwareInfo(index).get_max_active_clusters(cluster_size)
+    except Exception:  # the query is an improvement on SMs // cluster_size, never a new way to fail
+        return most
+    return max(1, min(most, int(found)))
 
 
 # The current CUDA stream's handle on a device: torch's private accessor (a tenth of the cost), if any.

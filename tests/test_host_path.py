@@ -447,5 +447,6 @@ def test_resident_clusters_asks_the_dsls_occupancy_query_and_caps_it(monkeypatch
         assert submission.resident_clusters(0, 2) == 70  # a GPC with an odd SM count: fewer than 74
         assert submission.resident_clusters(1, 2) == 74  # never above SMs // 2
         assert submission.GroupedGemmLauncher.max_pairs(0) == 70
+        assert submission.resident_clusters(2, 2) == 74  # no answer (here: a KeyError): SMs // 2, as before
     finally:
         submission.resident_clusters.cache_clear()
