@@ -26,6 +26,11 @@ N_MULTIPLE = 128
 K_MULTIPLE = 256
 SHAPE_RULES = f"M >= {M_MIN}, N a multiple of {N_MULTIPLE}, K a multiple of {K_MULTIPLE}"
 
+# The task's cases: cases/ at the repository root, linked from (and, installed, inside) this package.
+CASES_DIR = Path(__file__).resolve().parent / "cases"
+TESTS_FILE = CASES_DIR / "tests.txt"
+BENCHMARKS_FILE = CASES_DIR / "benchmarks.txt"
+
 TEST_LINE_PART = re.compile(
     r"\s*([a-zA-Z_]+)\s*:\s*(\[[^\]]*\]|\([^)]*\)|[a-zA-Z_]+|[+-]?[0-9]+)\s*")
 

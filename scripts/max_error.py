@@ -11,7 +11,7 @@ sys.path.insert(0, os.getcwd())
 
 import torch  # noqa: E402
 
-from nvfp4_group_gemm.eval import read_test_file  # noqa: E402
+from nvfp4_group_gemm.casefile import read_test_file  # noqa: E402
 from nvfp4_group_gemm.harness import load_submission  # noqa: E402
 from nvfp4_group_gemm.reference import generate_input, ref_kernel  # noqa: E402
 

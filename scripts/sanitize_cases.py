@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nvfp4_group_gemm.eval import BENCHMARKS_FILE, TESTS_FILE, read_test_file  # noqa: E402
+from nvfp4_group_gemm.casefile import BENCHMARKS_FILE, TESTS_FILE, read_test_file  # noqa: E402
 from nvfp4_group_gemm.harness import load_submission  # noqa: E402
 from nvfp4_group_gemm.reference import check_implementation, generate_input  # noqa: E402
 

@@ -21,7 +21,7 @@ sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 
 from nvfp4_group_gemm import harness  # noqa: E402
-from nvfp4_group_gemm.eval import read_test_file  # noqa: E402
+from nvfp4_group_gemm.casefile import read_test_file  # noqa: E402
 
 FLUSH_KERNELS = ("elementwise", "randn", "normal", "distribution")
 

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ROOT
 from nvfp4_group_gemm import eval as evaluation
+from nvfp4_group_gemm import cli
 
 GOOD = "m: [64]; n: [256]; k: [512]; g: 1; seed: 7"
 BAD_TEST_FILE = f"{GOOD}\nthis is not a case\n"
@@ -103,8 +104,8 @@ def test_help_lists_every_command_and_every_option_has_help():
     done, _ = run_eval("--help")
     assert done.returncode == 0
     assert "==SUPPRESS==" not in done.stdout and "compile-one" not in done.stdout
-    commands = subparsers(evaluation.build_parser())
-    assert set(commands) == set(evaluation.PEOPLE_COMMANDS) | set(evaluation.PROTOCOL_MODES)
+    commands = subparsers(cli.build_parser())
+    assert set(commands) == set(cli.PEOPLE_COMMANDS) | set(evaluation.PROTOCOL_MODES)
     for name in commands:
         assert re.search(rf"^\s+{name}\b", done.stdout, re.M), f"{name} missing from --help"
     for name, parser in commands.items():

@@ -18,7 +18,8 @@ import pytest
 from nvfp4_group_gemm import submission
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
 
-from nvfp4_group_gemm import eval as eval_module
+from nvfp4_group_gemm import compile_gate
+from nvfp4_group_gemm import model_report
 
 EXTRA_DSL = os.environ.get("NVFP4_EXTRA_CUTLASS_DSL")
 DSL_INSTALLS = ["installed"] + (["extra"] if EXTRA_DSL else [])
@@ -67,7 +68,7 @@ def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
     # every kernel CONFIG_POLICY may name: each tile configuration (the model's and the 2-CTA ones),
     # round-robin and contiguous
-    assert set(kernels) == {eval_module.kernel_name(c) for c in submission.policy_candidates()}
+    assert set(kernels) == {compile_gate.kernel_name(c) for c in submission.policy_candidates()}
     assert {name.split("/")[0] for name in kernels} == set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
     for k in kernels.values():
         assert k["ok"], k
@@ -236,18 +237,18 @@ def test_eval_model_prints_a_modeled_geometric_mean():
     # the residual table: every public point, published beside modeled
     rows = re.findall(r"^  (CuTe DSL kernel|gau-nernst|log: .+?)\s+([0-3-])\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
                       done.stdout, re.M)
-    assert len(rows) == len(eval_module.public_points())
+    assert len(rows) == len(model_report.public_points())
     assert all(abs(float(modeled) / float(published) - float(ratio)) < 0.01 for *_, published, modeled, ratio in rows)
 
 
 def test_the_model_constants_are_the_fit_to_the_public_results():
     """MODEL_CONSTANTS are what `eval.py model --fit` finds (to the 3 digits written), and the fit leaves no
     public point off by more than 10 %."""
-    fitted, loss = eval_module.fit_model_constants()
+    fitted, loss = model_report.fit_model_constants()
     for name, value in fitted._asdict().items():
         assert float(f"{value:.3g}") == pytest.approx(getattr(submission.MODEL_CONSTANTS, name), rel=1e-9), name
-    assert all(0.9 < modeled / published < 1.1 for *_, published, modeled in eval_module.modeled_public_points())
-    assert loss == pytest.approx(sum(math.log(m / p) ** 2 for *_, p, m in eval_module.modeled_public_points(fitted)))
+    assert all(0.9 < modeled / published < 1.1 for *_, published, modeled in model_report.modeled_public_points())
+    assert loss == pytest.approx(sum(math.log(m / p) ** 2 for *_, p, m in model_report.modeled_public_points(fitted)))
 
 
 @pytest.mark.slow
@@ -289,7 +290,7 @@ def test_two_cta_configurations_compile_but_the_model_never_offers_them():
     """The 2-CTA configurations are the public designs' (eval.py public_designs uses them for the model's
     calibration); until one has run on a B200 the model never picks one, and CONFIG_POLICY may name them. The
     kernel takes 128 rows of M' per CTA of an MMA."""
-    pairs = {c.name.split("/")[0] for design in eval_module.public_designs().values() for c, _, _ in design
+    pairs = {c.name.split("/")[0] for design in model_report.public_designs().values() for c, _, _ in design
              if c.cta_group == 2}
     assert pairs and pairs <= set(submission.PAIR_CONFIGS)
     assert all(c.cta_group == 1 for c in submission.model_candidates())

@@ -9,6 +9,10 @@ import sys
 import pytest
 
 from nvfp4_group_gemm import eval as evaluation
+from nvfp4_group_gemm import casefile
+from nvfp4_group_gemm import harness
+from nvfp4_group_gemm import measure
+from nvfp4_group_gemm import peers
 from nvfp4_group_gemm.casefile import check_case, parse_test_line
 from conftest import HAS_CUDA, ROOT
 
@@ -91,7 +95,7 @@ def test_profile_mode_reports_base64(tmp_path):
 
 # ---- parsing, seeds, statistics, speed of light --------------------------------
 def test_parse_test_line_values():
-    case = evaluation.parse_test_line("m: [1, 2]; n: (3, 4); g: 2; seed: -5; name: fast; e: []")
+    case = casefile.parse_test_line("m: [1, 2]; n: (3, 4); g: 2; seed: -5; name: fast; e: []")
     assert case == {"m": (1, 2), "n": (3, 4), "g": 2, "seed": -5, "name": "fast", "e": ()}
 
 
@@ -106,7 +110,7 @@ def test_popcorn_seed_is_mixed_into_every_seed(tmp_path):
 
 
 def test_stats():
-    s = evaluation.calculate_stats([1.0, 2.0, 3.0, 6.0])
+    s = measure.calculate_stats([1.0, 2.0, 3.0, 6.0])
     assert (s.runs, s.mean, s.best, s.worst) == (4, 3.0, 1.0, 6.0)
     assert s.std == pytest.approx(2.160246899) and s.err == pytest.approx(s.std / 2)
 
@@ -114,15 +118,15 @@ def test_stats():
 @pytest.mark.parametrize("index,sol_us", [(0, 18.833), (1, 10.667), (2, 2.406), (3, 1.525)])
 def test_speed_of_light_reproduces_the_problem_statement(index, sol_us):
     from conftest import BENCHMARK_CASES
-    sizes = evaluation.problem_sizes_of(BENCHMARK_CASES[index].args)
-    assert evaluation.b200_speed_of_light_ns(sizes) / 1e3 == pytest.approx(sol_us, rel=5e-4)
+    sizes = casefile.problem_sizes_of(BENCHMARK_CASES[index].args)
+    assert measure.b200_speed_of_light_ns(sizes) / 1e3 == pytest.approx(sol_us, rel=5e-4)
 
 
 def test_benchmark_inputs_use_the_leaderboards_seeds(monkeypatch):
     seen = []
     from nvfp4_group_gemm import reference
     monkeypatch.setattr(reference, "generate_input", lambda **kw: seen.append(kw["seed"]))
-    evaluation.benchmark_inputs({"m": (1,), "n": (128,), "k": (256,), "g": 1, "seed": 1111})
+    harness.benchmark_inputs({"m": (1,), "n": (128,), "k": (256,), "g": 1, "seed": 1111})
     assert seen == [1111 + 42 * i for i in range(1, 16)]
 
 
@@ -167,7 +171,7 @@ def test_sweep_needs_a_hopper_gpu():
 def test_the_b200_sweep_checks_valid_awkward_cases_and_prints_a_table():
     """What `eval.py sweep` prints on a B200 (it has not run on one): the cases it checks first are valid ones,
     and its table gives each configuration's verdict, times, geometric mean and model figure."""
-    cases = evaluation.awkward_shape_sets()
+    cases = peers.awkward_shape_sets()
     for case in cases:
         check_case(case.args)
         assert parse_test_line(case.spec) == case.args
@@ -177,7 +181,7 @@ def test_the_b200_sweep_checks_valid_awkward_cases_and_prints_a_table():
              "model_us": {0: 31.0, 1: 21.0}},
             {"config": "2cta-256x256/contiguous", "exact": "17/18", "wrong": ["m: [1, 65]; ...: mismatch"], "us": {},
              "model_us": {0: 28.0, 1: 22.0}}]
-    table = evaluation.format_b200_sweep(rows, [0, 1], {0: "128x128/round-robin"}).splitlines()
+    table = peers.format_b200_sweep(rows, [0, 1], {0: "128x128/round-robin"}).splitlines()
     assert table[0].split() == ["configuration", "exact", "#0", "us", "#1", "us", "geomean", "model"]
     assert table[1].split() == ["128x128/round-robin", "18/18", "30.00*", "20.00", "24.49", "25.51"]
     assert table[2].split() == ["2cta-256x256/contiguous", "17/18", "-", "-", "-", "24.82"]
@@ -186,16 +190,15 @@ def test_the_b200_sweep_checks_valid_awkward_cases_and_prints_a_table():
 
 def test_the_sample_trace_records_gc_pauses_inside_a_sample_only_when_asked(tmp_path, monkeypatch):
     import gc
-    ev = evaluation
     args = {"m": [64], "n": [128], "k": [256], "g": 1, "seed": 1}
-    monkeypatch.delenv(ev.SAMPLE_TRACE_ENV, raising=False)
-    quiet = ev.SampleTrace.from_environment(args)
+    monkeypatch.delenv(measure.SAMPLE_TRACE_ENV, raising=False)
+    quiet = measure.SampleTrace.from_environment(args)
     with quiet.sample():
         gc.collect()
     quiet.record(0, 1234.0)  # no file named: nothing written, nothing raised
     path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv(ev.SAMPLE_TRACE_ENV, str(path))
-    trace = ev.SampleTrace.from_environment(args)
+    monkeypatch.setenv(measure.SAMPLE_TRACE_ENV, str(path))
+    trace = measure.SampleTrace.from_environment(args)
     for index in range(2):
         with trace.sample():
             if index == 1:

@@ -14,7 +14,8 @@ import torch
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
 from test_compile import DSL_INSTALLS, env_for
 
-from nvfp4_group_gemm import eval as eval_module
+from nvfp4_group_gemm import compile_gate
+from nvfp4_group_gemm import peers
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
 from nvfp4_group_gemm import submission  # noqa: E402  (after hopper, which registers its path)
@@ -99,8 +100,8 @@ def test_ptx_has_the_designed_instructions(report, name):
     # griddepcontrol.wait; the producer releases the next kernel after its last loads
     assert features["pdl_launch_dependents"] == 1 and features["pdl_wait"] == 2
     before_wait = gemm[:gemm.index("griddepcontrol.wait")]  # the producer's wait comes first
-    assert not re.search(eval_module.PTX_FEATURES["tma_load"], before_wait)
-    assert not re.search(eval_module.PTX_FEATURES["bulk_copy_load"], before_wait)
+    assert not re.search(compile_gate.PTX_FEATURES["tma_load"], before_wait)
+    assert not re.search(compile_gate.PTX_FEATURES["bulk_copy_load"], before_wait)
     # the token conversion: MMA warps claim units (relaxed atomics), store them 16 bytes at a time, fence
     # them for the async proxy (every state space: the scratch, and the staged rows that token loads will
     # overwrite) and count them (release); the producer waits at the tokens' barrier for its
@@ -128,7 +129,7 @@ def test_ptx_has_the_designed_instructions(report, name):
     tokens_wait = re.search(rf"bar\.sync\s+{tokens_barrier}(.*?)"
                             r"fence\.proxy\.async\.global;(.*)", producer, re.S)
     assert tokens_wait and "ld.acquire.gpu.global.u32" in tokens_wait.group(1)
-    assert re.search(eval_module.PTX_FEATURES["tma_load"], tokens_wait.group(2))  # the tokens' loads follow
+    assert re.search(compile_gate.PTX_FEATURES["tma_load"], tokens_wait.group(2))  # the tokens' loads follow
     assert len(re.findall(r"atom\.acq_rel\.gpu\.global\.add\.u32", producer)) == 1
     assert len(re.findall(r"st\.relaxed\.gpu\.global\.u32", producer)) == 3
     # descriptors built once per input (the builder), only acquired and prefetched in the GEMM:
@@ -463,12 +464,12 @@ def test_custom_kernel_takes_a_pair_form_where_the_cost_model_says_it_cuts_the_b
 def _kernel_ptx(configs, dump_dir) -> dict:
     """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
     process (the DSL takes its target at first use), files kept in `dump_dir`."""
-    script = ("import sys, json\nfrom nvfp4_group_gemm import eval, hopper, submission\n"
+    script = ("import sys, json\nfrom nvfp4_group_gemm import compile_gate, hopper, submission\n"
               "configs = {c.name: c for c in hopper.SM90_DIAGNOSTICS + tuple(hopper.SM90_CONFIGS.values())}\n"
               "out = {}\n"
               "for name in sys.argv[1:]:\n"
               "    kernel = configs[name].make_kernel()\n"
-              "    out[name] = eval.ptx_text(submission.compile_with_placeholders(kernel))\n"
+              "    out[name] = compile_gate.ptx_text(submission.compile_with_placeholders(kernel))\n"
               "    assert kernel.smem_bytes <= hopper.SMEM_CAPACITY\n"
               "print(json.dumps(out))\n")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,
@@ -582,21 +583,19 @@ def test_the_register_budget_counts_warps_per_scheduler():
 
 
 def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
-    from nvfp4_group_gemm import eval as ev
     line = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized "
             "due to insufficient register resources for the function 'kernel'")
-    assert ev.PTXAS_WGMMA_SERIALIZED.search(line)
-    assert not ev.PTXAS_WGMMA_SERIALIZED.search("ptxas info    : Used 159 registers, used 1 barriers")
+    assert compile_gate.PTXAS_WGMMA_SERIALIZED.search(line)
+    assert not compile_gate.PTXAS_WGMMA_SERIALIZED.search("ptxas info    : Used 159 registers, used 1 barriers")
 
 
 def test_sweep_picks_configurations_by_name():
-    from nvfp4_group_gemm import eval as ev
-    assert ev.sweep_configs() == list(hopper.SM90_CONFIGS.values())
-    assert ev.sweep_configs(["128x128"]) == [hopper.SM90_CONFIG]
-    assert [c.name for c in ev.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]
-    with_diagnostics = ev.sweep_configs(["k128-wr"], diagnose=True)
+    assert peers.sweep_configs() == list(hopper.SM90_CONFIGS.values())
+    assert peers.sweep_configs(["128x128"]) == [hopper.SM90_CONFIG]
+    assert [c.name for c in peers.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]
+    with_diagnostics = peers.sweep_configs(["k128-wr"], diagnose=True)
     assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
-    assert ev.sweep_configs(["no-such-form"]) == []
+    assert peers.sweep_configs(["no-such-form"]) == []
 
 
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))

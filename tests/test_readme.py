@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT, needs_cuda
 from nvfp4_group_gemm import eval as evaluation
+from nvfp4_group_gemm import cli
 
 README = (ROOT / "README.md").read_text()
 CI = (ROOT / ".ci" / "run").read_text()
@@ -113,5 +114,5 @@ def test_every_inline_eval_command_is_one_the_cli_takes():
     assert "python eval.py sweep" in inline
     for command in inline:
         argv = shlex.split(command)[2:]
-        options = evaluation.build_parser().parse_args(argv or ["all"])
-        evaluation.check_options(options)
+        options = cli.build_parser().parse_args(argv or ["all"])
+        cli.check_options(options)
