@@ -344,8 +344,8 @@ def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
     compile with DeprecationWarnings raised from nvfp4_group_gemm's modules as errors still succeeds."""
     code = ("import json, sys, warnings\n"
             "warnings.filterwarnings('error', category=DeprecationWarning, module='nvfp4_group_gemm')\n"
-            "from nvfp4_group_gemm import eval\n"
-            "print(json.dumps(eval.compile_one(sys.argv[1], sys.argv[2], None)))\n")
+            "from nvfp4_group_gemm import compile_gate\n"
+            "print(json.dumps(compile_gate.compile_one(sys.argv[1], sys.argv[2], None)))\n")
     done = subprocess.run([sys.executable, "-c", code, name, arch], cwd=ROOT, env=env_for("installed"),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
