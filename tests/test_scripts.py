@@ -4,8 +4,11 @@ Its steps pipe into tee; a failure recorded inside the pipeline's subshell used
 to be lost, so the script passed whatever happened. Checked here on the CPU with
 a stand-in nvidia-smi, the one step that needs no GPU to run."""
 import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -33,3 +36,60 @@ def test_gpu_check_passes_when_its_steps_pass(tmp_path):
     done = gpu_check(tmp_path, smi_exit=0)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("=== gpu-check: pass")
+
+
+# ---- every other script: it parses; those that run on a CPU, run ----------------------------------------
+SCRIPTS = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.suffix in (".sh", ".py"))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_parses_and_is_documented(name):
+    path = ROOT / "scripts" / name
+    if path.suffix == ".sh":
+        done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    else:
+        compile(path.read_text(), str(path), "exec")
+    assert f"`{name}" in (ROOT / "docs" / "developing.md").read_text() or f"{name}`" in (
+        ROOT / "docs" / "developing.md").read_text(), f"{name} is not in docs/developing.md's table"
+
+
+def test_ptx_counts_finds_equal_and_differing_instruction_counts(tmp_path):
+    before, after = tmp_path / "before", tmp_path / "after"
+    for folder in (before, after):
+        folder.mkdir()
+    kernel = "\tmbarrier.init.shared.b64 [%r1], 1;\n\tgriddepcontrol.wait;\n\twgmma.mma_async.sync.aligned;\n"
+    (before / "k.ptx").write_text(kernel)
+    (after / "k.ptx").write_text(kernel + "\t// wgmma.mma_async in a comment does not count\n")
+    same = subprocess.run([sys.executable, "scripts/ptx_counts.py", str(before), str(after)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert same.returncode == 0 and "differs" not in same.stdout, same.stdout + same.stderr
+    (after / "k.ptx").write_text(kernel + "\tgriddepcontrol.launch_dependents;\n")
+    changed = subprocess.run([sys.executable, "scripts/ptx_counts.py", str(before), str(after)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert changed.returncode == 1 and re.search(r"griddepcontrol\s+1\s+2\s+<- differs", changed.stdout)
+
+
+def test_ab_table_prints_the_rounds_and_the_ratio(tmp_path):
+    for side, means in (("old", (20000.0, 10000.0)), ("new", (19000.0, 10500.0))):
+        for round_ in (1, 2):
+            (tmp_path / f"{side}-{round_}.txt").write_text(
+                "".join(f"benchmark.{i}.mean: {m}\n" for i, m in enumerate(means)))
+    done = subprocess.run([sys.executable, "scripts/ab_table.py", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[1:]]
+    assert rows == [["0", "20.00", "20.00", "19.00", "19.00", "0.950"], ["1", "10.00", "10.00", "10.50", "10.50", "1.050"]]
+
+
+def test_without_cuda_hides_every_ptxas_and_needs_a_command(tmp_path):
+    fake = tmp_path / "cuda" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "ptxas").write_text("#!/bin/sh\n")
+    (fake / "ptxas").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PTXAS=str(fake / "ptxas"))
+    done = subprocess.run(["bash", "scripts/without-cuda.sh", "bash", "-c", "echo ${PTXAS:-unset}; command -v ptxas"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout.strip() == "unset", done.stdout + done.stderr  # no ptxas found
+    usage = subprocess.run(["bash", "scripts/without-cuda.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
