@@ -33,6 +33,7 @@ import os
 import sys
 
 from nvfp4_group_gemm.casefile import MalformedTestFile, read_test_file
+from nvfp4_group_gemm import cli
 from nvfp4_group_gemm.cli import EXIT_BAD_ARGS, EXIT_FAILED, EXIT_OK, PROTOCOL_MODES, UsageError, dispatch
 from nvfp4_group_gemm.measure import Stats, run_single_benchmark, run_single_profile, run_single_test
 
@@ -164,14 +165,15 @@ def main(argv: list) -> int:
             return protocol_main(argv)
         return dispatch(argv)
     except UsageError as error:
-        print(f"eval.py: {error}", file=sys.stderr, flush=True)
+        print(f"{cli.COMMAND.split()[-1]}: {error}", file=sys.stderr, flush=True)
         return EXIT_BAD_ARGS
 
 
 def run() -> None:
     """The console command `nvfp4-group-gemm` (pyproject.toml): `python eval.py` from anywhere."""
+    cli.COMMAND = "nvfp4-group-gemm"
     sys.exit(main(sys.argv[1:]))
 
 
 if __name__ == "__main__":
-    run()
+    sys.exit(main(sys.argv[1:]))

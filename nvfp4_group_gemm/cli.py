@@ -19,6 +19,8 @@ from nvfp4_group_gemm.measure import (Stats, b200_speed_of_light_ns, flops_of, g
                                       run_single_test, short_spec)
 
 EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED = 0, 2, 112
+# How the user typed the command: "python eval.py" in a checkout, "nvfp4-group-gemm" installed (eval.run sets it).
+COMMAND = "python eval.py"
 PROTOCOL_MODES = ("test", "benchmark", "leaderboard", "profile")
 
 
@@ -220,12 +222,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         command = self.prog.partition(" ")[2]
         raise UsageError(f"{command + ': ' if command else ''}{message} "
-                         f"(see python eval.py {command + ' ' if command else ''}--help)")
+                         f"(see {COMMAND} {command + ' ' if command else ''}--help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="eval.py",
+        prog=COMMAND.split()[-1],
         description="Run, check, time and compile the NVFP4 grouped GEMM. Without a GPU: compile the B200 kernel "
                     "(no CUDA toolkit needed) and check the reference. The leaderboard's protocol modes (test, "
                     "benchmark, leaderboard, profile) need POPCORN_FD.",
@@ -285,7 +287,7 @@ def unknown_command(word: str) -> str:
              or difflib.get_close_matches(word, PROTOCOL_MODES, n=1, cutoff=0.6))
     hint = f"did you mean '{close[0]}'? " if close else ""
     return (f"unknown command '{word}': {hint}commands are {', '.join(PEOPLE_COMMANDS)}, and the protocol modes "
-            f"{', '.join(PROTOCOL_MODES)} (with POPCORN_FD); see python eval.py --help")
+            f"{', '.join(PROTOCOL_MODES)} (with POPCORN_FD); see {COMMAND} --help")
 
 
 def check_options(options) -> None:

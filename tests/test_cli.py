@@ -141,3 +141,18 @@ def test_a_malformed_line_names_its_part():
     from nvfp4_group_gemm.casefile import MalformedTestFile, parse_test_line
     with pytest.raises(MalformedTestFile, match="'n = 3' is not 'key: value'"):
         parse_test_line("m: [1]; n = 3")
+
+
+def test_the_console_command_speaks_its_own_name(tmp_path):
+    """Installed, `nvfp4-group-gemm` runs from any folder and names itself in its usage and errors."""
+    command = os.path.join(os.path.dirname(sys.executable), "nvfp4-group-gemm")
+    if not os.path.exists(command):
+        pytest.skip("the package is not installed here (pip install -e . makes the console command)")
+    done = subprocess.run([command, "bench"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("nvfp4-group-gemm: unknown command 'bench': did you mean 'benchmarks'? commands "
+                                   "are all, tests, benchmarks, compile, model, overhead, sweep, and the protocol "
+                                   "modes test, benchmark, leaderboard, profile (with POPCORN_FD); see "
+                                   "nvfp4-group-gemm --help")
+    usage = subprocess.run([command, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: nvfp4-group-gemm ")
