@@ -3,12 +3,12 @@
 A benchmark is timed on 15 distinct inputs called back to back, the i-th
 generated with the benchmark's seed plus 42 * i; the check runs on clones made
 before the timed calls, and every sample starts by flushing L2 as the
-leaderboard does (`flush_l2`). eval.py (the protocol and the people's CLI) and
-hostbench.py (host time per call) both need these, so they live here and
-neither of those two imports the other.
+leaderboard does (`flush_l2`). measure.py (what the protocol and the people's
+commands run), peers.py and hostbench.py (host time per call) all need these,
+so they live here.
 
-torch and reference are imported inside the functions, so that importing eval
-stays as light as it was.
+torch and reference are imported inside the functions, so that a command line
+is judged before torch is imported.
 """
 NUM_INPUTS_PER_BENCHMARK = 15  # distinct inputs timed back to back per sample
 SEED_STEP = 42  # added to a benchmark's seed before each of its inputs

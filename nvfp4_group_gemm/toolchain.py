@@ -6,7 +6,7 @@ package (a dependency of it), so that no CUDA toolkit is needed.
 
 `ResultCache`: one JSON file per compiled kernel, keyed on everything that
 changes the binary or its report: the kernel sources (submission.py,
-hopper.py) and the gate's own (eval.py), the configuration, the architecture,
+hopper.py) and the gate's own (compile_gate.py), the configuration, the architecture,
 the DSL's release and location, ptxas's version and Python's. CuTe DSL's own
 file cache keeps compiled functions but not the PTX or ptxas's report, and a
 hit would still start a process that imports torch and the DSL; this cache

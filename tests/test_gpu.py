@@ -10,6 +10,7 @@ import torch
 
 from nvfp4_group_gemm import submission
 from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda, needs_hopper
+from nvfp4_group_gemm.peers import awkward_shape_sets
 from nvfp4_group_gemm.reference import check_implementation, generate_input
 
 pytestmark = needs_cuda.marks
@@ -167,14 +168,13 @@ def test_b200_swapped_configuration_on_awkward_token_counts(swapped, m, schedule
 
 @needs_b200
 @pytest.mark.parametrize("schedule", list(submission.SCHEDULES))
-@pytest.mark.parametrize("n", [128, 384])
-@pytest.mark.parametrize("m", [1, 72, 129, 257])
+@pytest.mark.parametrize("case", awkward_shape_sets(), ids=lambda c: c.spec)
 @pytest.mark.parametrize("pair", ["2cta-256x256", "2cta-swap-256x128"])
-def test_b200_pair_configuration_with_its_follower_cta_out_of_bounds(pair, m, n, schedule):
-    """A pair's tile spans 256 rows of its M' (tokens, or weights when swapped), 128 per CTA: with these M and
-    N the follower CTA's half lies wholly or partly past the group's end."""
-    config = CANDIDATES[f"{pair}/{schedule}"]
-    run_config_and_check(generate_input((m, m + 64), (n, n), (512, 256), 2, seed=m + n), config)
+def test_b200_pair_configuration_with_its_follower_cta_out_of_bounds(pair, case, schedule):
+    """A pair's tile spans 256 rows of its M' (tokens, or weights when swapped), 128 per CTA: with M in
+    {1, 72, 129, 257} and N in {128, 384} (`awkward_shape_sets`, what `eval.py sweep` checks on a B200) the
+    follower CTA's half lies wholly or partly past the group's end."""
+    run_config_and_check(generate_input(**case.args), CANDIDATES[f"{pair}/{schedule}"])
 
 
 class FewCtasLauncher(submission.GroupedGemmLauncher):
