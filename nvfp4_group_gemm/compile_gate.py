@@ -160,7 +160,7 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
     leaving only the PTX in the dump folder."""
     import tempfile
     dump_dir = tempfile.mkdtemp(prefix="nvfp4-compile-")
-    os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ptx", CUTE_DSL_KEEP_PTX="1",
+    os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ptx",
                       CUTE_DSL_DUMP_DIR=dump_dir)
     import importlib.metadata
     from nvfp4_group_gemm import submission

@@ -793,12 +793,12 @@ class Sm90GroupedGemmKernel:
             bidx, _, _ = cute.arch.block_idx()
             rank = cute.arch.make_warp_uniform(bidx)
         if warp_idx >= self.roles.producer_warp:
-            cute.arch.warpgroup_reg_dealloc(self.roles.producer_registers)
+            cute.arch.setmaxregister_decrease(self.roles.producer_registers)
             if warp_idx == self.roles.producer_warp:
                 self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
                               tokens, (tma_atom_a, tma_atom_b), mA, mB, rank)
         if warp_idx < self.roles.producer_warp:
-            cute.arch.warpgroup_reg_alloc(self.roles.consumer_registers)
+            cute.arch.setmaxregister_increase(self.roles.consumer_registers)
             # A may be the previous kernel's output, C and the scratch its input
             units = self.wait_counting_units(tokens)
             if cutlass.const_expr(self.convert_tokens):

@@ -1,8 +1,10 @@
 """What the compile gate compiles with, and its cache of results.
 
 `find_ptxas`: the ptxas that reads the DSL's PTX. PTXAS names one, else the
-first on PATH, else the one the nvidia-cuda-nvcc wheel installs beside this
-package (a dependency of it), so that no CUDA toolkit is needed.
+one the nvidia-cuda-nvcc wheel installs beside this package (a dependency of
+it, pinned, so no CUDA toolkit is needed), else the first on PATH. The wheel
+comes before PATH because a machine's toolkit is often older than the DSL's
+PTX (CUDA 12.x's ptxas stops at PTX 9.0 where DSL 4.8 writes 9.4).
 
 `ResultCache`: one JSON file per compiled kernel, keyed on everything that
 changes the binary or its report: the kernel sources (submission.py,
@@ -46,15 +48,15 @@ def wheel_ptxas() -> Optional[str]:
 
 
 def find_ptxas() -> Optional[Ptxas]:
-    """PTXAS if set (it must name an executable), else ptxas on PATH, else the wheel's; None if none."""
+    """PTXAS if set (it must name an executable), else the wheel's, else ptxas on PATH; None if none."""
     named = os.environ.get("PTXAS")
     if named:
         return Ptxas(named, "PTXAS") if os.access(named, os.X_OK) else None
-    on_path = shutil.which("ptxas")
-    if on_path:
-        return Ptxas(on_path, "PATH")
     wheel = wheel_ptxas()
-    return Ptxas(wheel, "nvidia-cuda-nvcc") if wheel else None
+    if wheel:
+        return Ptxas(wheel, "nvidia-cuda-nvcc")
+    on_path = shutil.which("ptxas")
+    return Ptxas(on_path, "PATH") if on_path else None
 
 
 def ptxas_version(path: str) -> str:

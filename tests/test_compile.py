@@ -340,10 +340,11 @@ def test_two_cta_ptx_has_the_pair_instructions(report, config):
 @pytest.mark.parametrize("name,arch", [("128x128", "sm_100a"), ("2cta-swap-256x128", "sm_100a"),
                                        ("sm90-128x128-k128-wr", "sm_90a")])
 def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
-    """What our modules call of the DSL is not deprecated (a deprecation is the next release's breakage): a
-    compile with DeprecationWarnings raised from nvfp4_group_gemm's modules as errors still succeeds."""
+    """What we call of the DSL is not deprecated (a deprecation is the next release's breakage): a compile with
+    every DeprecationWarning as an error still makes PTX. Every one: the DSL's deprecated wrappers warn from its
+    own modules, not from the caller's line, so a filter on our module names would miss them."""
     code = ("import json, sys, warnings\n"
-            "warnings.filterwarnings('error', category=DeprecationWarning, module='nvfp4_group_gemm')\n"
+            "warnings.filterwarnings('error', category=DeprecationWarning)\n"
             "from nvfp4_group_gemm import compile_gate\n"
             "print(json.dumps(compile_gate.compile_one(sys.argv[1], sys.argv[2], None)))\n")
     done = subprocess.run([sys.executable, "-c", code, name, arch], cwd=ROOT, env=env_for("installed"),
@@ -351,7 +352,9 @@ def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
     assert done.returncode == 0, done.stderr[-3000:]
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert "Deprecation" not in json.dumps(row), row
-    assert row["ok"], row
+    assert "stopped" not in row and row.get("ptx_features"), row
+    # ptxas's verdict is the compile gate's business; a machine whose only ptxas is too old still checks the above
+    assert row["ok"] or "PtxasTooOld" in row.get("error", ""), row
 
 
 # ---- the B200 kernel's PTX against NVIDIA's example -------------------------------------------------------

@@ -475,7 +475,7 @@ def _kernel_ptx(configs, dump_dir) -> dict:
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,
                           capture_output=True, text=True, timeout=1800,
                           env=dict(env_for("installed"), CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
-                                   CUTE_DSL_KEEP_PTX="1", CUTE_DSL_DUMP_DIR=str(dump_dir)))
+                                   CUTE_DSL_DUMP_DIR=str(dump_dir)))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

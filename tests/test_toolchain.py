@@ -1,5 +1,6 @@
-"""The compile gate needs no CUDA toolkit (ptxas comes with the nvidia-cuda-nvcc wheel; PTXAS and PATH still
-override it) and reuses what it compiled (a cache keyed on everything that changes the result)."""
+"""The compile gate needs no CUDA toolkit (ptxas comes with the nvidia-cuda-nvcc wheel; PTXAS overrides it,
+PATH stands in where it is missing) and reuses what it compiled (a cache keyed on everything that changes the
+result)."""
 import importlib.metadata
 import json
 import os
@@ -51,10 +52,20 @@ def test_ptxas_comes_from_the_wheel_when_nothing_overrides_it(monkeypatch):
     assert "cuda_13" in toolchain.ptxas_version(found.path)
 
 
-def test_ptxas_and_path_override_the_wheel(tmp_path, monkeypatch):
+def test_the_wheel_comes_before_path(tmp_path, monkeypatch):
+    """A toolkit on PATH is often older than the DSL's PTX: the pinned wheel's ptxas wins over it."""
+    wheel_installed_or_skip()
     on_path = stand_in_ptxas(tmp_path / "bin")
     monkeypatch.delenv("PTXAS", raising=False)
     monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{path_without_ptxas()}")
+    assert toolchain.find_ptxas() == (toolchain.wheel_ptxas(), "nvidia-cuda-nvcc")
+
+
+def test_ptxas_overrides_and_path_stands_in_for_a_missing_wheel(tmp_path, monkeypatch):
+    on_path = stand_in_ptxas(tmp_path / "bin")
+    monkeypatch.delenv("PTXAS", raising=False)
+    monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{path_without_ptxas()}")
+    monkeypatch.setattr(toolchain, "wheel_ptxas", lambda: None)
     assert toolchain.find_ptxas() == (str(on_path), "PATH")
     named = stand_in_ptxas(tmp_path / "named")
     monkeypatch.setenv("PTXAS", str(named))
