@@ -1543,35 +1543,48 @@ class LaunchPlan:
         self.arguments = self.table_addresses + (self.memory.data_ptr(),) + self.counts  # then plan_ready
         owner.host_function(compiled.build_tensormaps, device_index).bind(self.arguments + (0,), self.home.stream)()
         self.built_launch = self.host.bind(self.arguments + (0,), self.home.stream)  # the GEMM right after it
+        # The completion of the builder and that first GEMM, for launches not ordered after them by their stream:
+        # waited for in a CUDA graph capture, it becomes an external event-wait node, so a replay too starts
+        # after them.
+        self.built = torch.cuda.Event(external=True)
+        self.built_seen = False  # seen complete: no launch needs to wait for it any more
+        # the stream as torch knows it (ExternalStream(0) would be a new stream, not the default one)
+        self.home_stream = torch.cuda.current_stream(device_index)
         self.used_on_other_stream = False  # its slot is read on two streams: never handed on
         self.captured = False  # launched in a CUDA graph capture: kept while its inputs live
-        self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch
+        self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch needing no wait (the warm path)
 
     def launch(self):
-        """Launch on the current stream; the first launch there binds the arguments for the next. Every launch
-        but the first on the plan's own stream passes `plan_ready` 1: the tables and descriptors are complete
-        before it can start (a full stream or event dependency lies between), so the GEMM may fetch them
-        before its `griddepcontrol.wait`. The first one follows the builder with programmatic launch: 0."""
+        """Launch on the current stream. The first launch, on the plan's own stream right after the builder,
+        passes `plan_ready` 0 (programmatic launch: the GEMM waits for the builder at `griddepcontrol.wait`).
+        Every other launch passes 1: the tables and descriptors are complete before it can start, so it may fetch
+        them before that wait. Until the first launch (builder and GEMM) is seen complete, a launch on another
+        stream waits for it, and a launch being captured into a CUDA graph (on any stream: a graph may be
+        replayed on any) waits for it through an external event-wait node in the graph, since a capture cannot
+        ask whether it is done. Once it is seen complete, a stream's launch is kept as its warm path."""
         stream = current_stream_handle(self.device_index)
-        launch = self.launch_by_stream.get(stream)
-        if launch is not None:
-            launch()
-            return
-        if self.built_launch is not None and stream == self.home.stream:
+        if self.built_launch is not None and stream == self.home.stream:  # the cold call (never captured)
             self.built_launch()
             self.built_launch = None
-            self.launch_by_stream[stream] = self.host.bind(self.arguments + (1,), stream)
+            self.built.record(self.home_stream)
             return
-        if stream_capturing():
+        capturing = stream_capturing()
+        on_stream = torch.cuda.current_stream(self.device_index)
+        if capturing:
             self.captured = True  # the graph replays this launch: the plan's memory must stay
-        elif stream != self.home.stream:
-            # The tables and descriptors were written on the plan's own stream: wait for that
-            torch.cuda.current_stream(self.device_index).wait_stream(
-                torch.cuda.ExternalStream(self.home.stream, device=self.device_index))
-        if stream != self.home.stream:  # never hand the slot on; the allocator keeps the memory for this stream
+            if not self.built_seen:
+                self.built.wait(on_stream)
+        elif not self.built_seen:
+            self.built_seen = self.built.query()
+            if not self.built_seen and stream != self.home.stream:
+                self.built.wait(on_stream)  # the tables and descriptors are written on the plan's own stream
+        if stream != self.home.stream and stream not in self.launch_by_stream:
+            # never hand the slot on; the allocator keeps the memory for this stream
             self.used_on_other_stream = True
-            self.memory.record_stream(torch.cuda.ExternalStream(stream, device=self.device_index))
-        self.launch_by_stream[stream] = launch = self.host.bind(self.arguments + (1,), stream)
+            self.memory.record_stream(on_stream)
+        launch = self.launch_by_stream.get(stream) or self.host.bind(self.arguments + (1,), stream)
+        if self.built_seen and not capturing:
+            self.launch_by_stream[stream] = launch
         launch()
 
     def release(self):

@@ -4,7 +4,9 @@
 #   bash scripts/gpu-check.sh            # OUT defaults to ./gpu-check-out
 # Exits 0 only if every step passed; the last line says which steps failed.
 # GPU_CHECK_STEPS picks steps (default: all, in this order): smi pytest eval overhead
-# memcheck protocol -- e.g. two calls on one warm machine when one call's time is short.
+# memcheck racecheck synccheck protocol -- e.g. two calls on one warm machine when one call's time is short.
+# racecheck passes when every race it reports is the pattern scripts/racecheck_pattern.py shows it
+# cannot see (scripts/racecheck_verdict.py reads the log; kernels compiled with line information).
 # If .cutedsl/cutedsl-*.tar.xz is present (../shared/tools/pack-cutedsl), it is
 # unpacked first for machines without nvidia-cutlass-dsl and without a package index.
 set -uo pipefail
@@ -12,7 +14,7 @@ OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 . scripts/cutedsl-env.sh
-steps=" ${GPU_CHECK_STEPS:-smi pytest eval overhead memcheck protocol} "
+steps=" ${GPU_CHECK_STEPS:-smi pytest eval overhead memcheck racecheck synccheck protocol} "
 failed=()
 # step NAME LOG COMMAND...: runs COMMAND, its output also into $OUT/LOG; a nonzero exit fails NAME.
 # (The status is read from PIPESTATUS here: a step piped into tee runs in a subshell, where it
@@ -34,15 +36,25 @@ wants pytest && step pytest pytest.log timeout "${PYTEST_TIMEOUT:-420}" \
   python3 -m pytest -q -rfEs --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-tests}
 wants eval && step eval eval.log python3 eval.py
 wants overhead && step overhead overhead.log python3 eval.py overhead
-if wants memcheck; then
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  if [ -x "$sanitizer" ]; then
-    step memcheck memcheck.log "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 9 \
-      python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3}
-  else
-    echo "=== FAILED: compute-sanitizer not found, memcheck not run"; failed+=(memcheck)
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck racecheck synccheck; do
+  wants $tool || continue
+  if [ ! -x "$sanitizer" ]; then
+    echo "=== FAILED: compute-sanitizer not found, $tool not run"; failed+=($tool); continue
   fi
-fi
+  case $tool in
+    memcheck|synccheck)
+      step $tool $tool.log "$sanitizer" --tool $tool --report-api-errors no --error-exitcode 9 \
+        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} ;;
+    racecheck)
+      # the pattern alone first: its log shows what racecheck says of it, and that the verdict places its lines
+      step racecheck-pattern racecheck-pattern.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
+        python3 -W ignore scripts/racecheck_pattern.py plain
+      step racecheck racecheck.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
+        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3}
+      step racecheck-verdict racecheck-verdict.log python3 scripts/racecheck_verdict.py "$OUT/racecheck.log" ;;
+  esac
+done
 if wants protocol; then
   for mode in test benchmark; do
     file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt

@@ -346,3 +346,34 @@ def test_a_cold_call_during_graph_capture_says_to_warm_up_first():
             submission.custom_kernel(data)
     torch.cuda.synchronize()
     run_and_check(data)  # and the input still works outside a capture
+
+
+def test_a_raw_capture_right_after_a_cold_call_replays_after_the_descriptors_are_built():
+    """No synchronization between a cold call and a raw capture on another stream: the captured launch waits
+    for the plan's builder through an external event-wait node, so a replay cannot read descriptors that are not
+    written yet. The plan's own stream is held busy (~0.5 s) so that the builder is still queued when the graph
+    is captured and replayed."""
+    kernel_path_or_skip()
+    data = generate_input((72, 200), (256, 384), (512, 768), 2, seed=61)
+    submission.custom_kernel(generate_input((64,), (128,), (256,), 1, seed=62))  # compiles outside the test
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)
+    submission.custom_kernel(data)  # cold: builder and first GEMM queued behind the sleep
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        submission.custom_kernel(data)
+        graph.capture_end()
+        graph.replay()
+    assert not torch.cuda.current_stream().query(), "the plan's stream was not busy: the test proves nothing"
+    torch.cuda.synchronize()
+    ok, message = check_implementation(data, outputs(data))
+    assert ok, message
+    for c in outputs(data):  # and again, now that everything is complete
+        c.fill_(float("nan"))
+    with torch.cuda.stream(side):
+        graph.replay()
+    torch.cuda.synchronize()
+    ok, message = check_implementation(data, outputs(data))
+    assert ok, message

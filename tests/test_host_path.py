@@ -7,6 +7,7 @@ that records the arguments it received."""
 import ctypes
 import dataclasses
 import gc
+import time
 
 import pytest
 import torch
@@ -374,6 +375,44 @@ def test_gpu_launcher_arguments_arrive_and_survive_reallocation_and_streams():
     launcher(data)  # a slot read on two streams is not handed on
     assert launcher.plans[submission.input_key(data)].slot.data_ptr() != slot
     assert recorded(launcher, data) == expected_record(data, plan_ready=0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("how", ["another stream", "raw capture on another stream"])
+def test_gpu_launches_not_ordered_by_their_stream_wait_for_the_plans_first_launch(how):
+    """The plan's own stream held busy (~0.5 s), a cold call queued behind it, then at once a launch on another
+    stream, plain or captured with CUDAGraph.capture_begin and replayed: it runs after the builder and the
+    first GEMM (the last write is its plan_ready 1), not before them."""
+    from nvfp4_group_gemm import hostbench
+    launcher = submission.GroupedGemmLauncher(compile_fn=hostbench.standin_compile)
+    launcher(generate_input((64,), (128,), (256,), 1, seed=1))  # compiles outside the test
+    data = generate_input((64, 200), (256, 512), (512, 256), 2, seed=3)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)
+    launcher(data)
+    side = torch.cuda.Stream()
+    steps = [("start", time.perf_counter())]  # where the host spent its time, should it have waited
+    with torch.cuda.stream(side):
+        if how == "another stream":
+            launcher(data)
+        else:
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin()
+            steps.append(("capture_begin", time.perf_counter()))
+            launcher(data)
+            steps.append(("launch", time.perf_counter()))
+            graph.capture_end()
+            steps.append(("capture_end", time.perf_counter()))
+            graph.replay()
+    steps.append(("replay", time.perf_counter()))
+    spent = ", ".join(f"{name} {1e3 * (t - before):.1f} ms" for (_, before), (name, t) in zip(steps, steps[1:]))
+    assert not torch.cuda.current_stream().query(), f"the plan's stream was not busy: proves nothing ({spent})"
+    plan = launcher.plans[submission.input_key(data)]
+    assert not plan.built_seen and side.cuda_stream not in plan.launch_by_stream
+    assert recorded(launcher, data) == expected_record(data, plan_ready=1)
+    with torch.cuda.stream(side):
+        launcher(data)  # now seen complete: this stream's launch becomes its warm path, with no wait
+    assert plan.built_seen and side.cuda_stream in plan.launch_by_stream
 
 
 @needs_cuda

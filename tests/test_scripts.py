@@ -93,3 +93,58 @@ def test_without_cuda_hides_every_ptxas_and_needs_a_command(tmp_path):
     assert done.returncode == 1 and done.stdout.strip() == "unset", done.stdout + done.stderr  # no ptxas found
     usage = subprocess.run(["bash", "scripts/without-cuda.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+# ---- racecheck: the verdict on logs of the tool's own format, the pattern's PTX --------------------------
+RACECHECK_LOG = ROOT / "tests" / "data" / "racecheck-hopper-h100-nolineinfo.log"  # the H100's racecheck output
+
+
+def run_verdict(tmp_path, text: str) -> subprocess.CompletedProcess:
+    log = tmp_path / "racecheck.log"
+    log.write_text(text)
+    return subprocess.run([sys.executable, "scripts/racecheck_verdict.py", str(log)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def with_lines(text: str, write_at: str, read_at: str) -> str:
+    """The log as racecheck writes it with line information: ` in FILE:LINE:KERNEL` after each access."""
+    text = re.sub(r"(Write access at \S+)", rf"\1 in /somewhere/{write_at}:kernel", text)
+    return re.sub(r"(Read access at \S+)", rf"\1 in /somewhere/{read_at}:kernel", text)
+
+
+def line_of(path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_racecheck_verdict_passes_only_the_proven_pattern(tmp_path):
+    text = RACECHECK_LOG.read_text()
+    hopper = ROOT / "nvfp4_group_gemm" / "hopper.py"
+    write = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'cute.copy(bulk, src, sSFB')}"
+    read = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'scale_words = cute.recast_tensor')}"
+    done = run_verdict(tmp_path, with_lines(text, write, read))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "917504 hazards, all of the proven pattern" in done.stdout
+    # the same races placed elsewhere (the epilogue's line, say), or with no line information: a failure
+    elsewhere = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'def producer(') + 2}"
+    for text_ in (with_lines(text, elsewhere, read), with_lines(text, write, elsewhere), text):
+        done = run_verdict(tmp_path, text_)
+        assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
+    assert run_verdict(tmp_path, "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+                       ).returncode == 0
+    assert run_verdict(tmp_path, "no summary: the tool stopped\n").returncode == 1
+
+
+@pytest.mark.slow
+def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_its_fence():
+    """The pattern kernel issues the Hopper kernel's SFB forms (bulk copy completing on an mbarrier, 32-bit
+    shared loads, PipelineTmaAsync's arrive and wait); a variant adds one fence.proxy.async, the plain one none."""
+    ptx = {}
+    for variant in ("plain", "consumer-fence", "producer-fence"):
+        done = subprocess.run([sys.executable, "scripts/racecheck_pattern.py", "--ptx", variant], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ptx[variant] = done.stdout
+    for variant, text in ptx.items():
+        assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in text, variant
+        assert re.search(r"ld\.shared\.(?:b|u)32", text) and "mbarrier.arrive.expect_tx" in text, variant
+        assert len(re.findall(r"fence\.proxy\.async\.shared::cta", text)) == (variant != "plain"), variant
