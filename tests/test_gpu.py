@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nvfp4_group_gemm import submission
+from test_host_path import warm_up_graph_capture
 from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda, needs_hopper
 from nvfp4_group_gemm.peers import awkward_shape_sets
 from nvfp4_group_gemm.reference import check_implementation, generate_input
@@ -352,14 +353,15 @@ def test_a_raw_capture_right_after_a_cold_call_replays_after_the_descriptors_are
     """No synchronization between a cold call and a raw capture on another stream: the captured launch waits
     for the plan's builder through an external event-wait node, so a replay cannot read descriptors that are not
     written yet. The plan's own stream is held busy (~0.5 s) so that the builder is still queued when the graph
-    is captured and replayed."""
+    is captured and replayed. (Before that wait, on an H100: an illegal instruction, the GEMM reading descriptors
+    not yet written.)"""
     kernel_path_or_skip()
     data = generate_input((72, 200), (256, 384), (512, 768), 2, seed=61)
     submission.custom_kernel(generate_input((64,), (128,), (256,), 1, seed=62))  # compiles outside the test
-    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    warm_up_graph_capture(side)  # torch's first capture in a process waits for the device
     torch.cuda._sleep(1_000_000_000)
     submission.custom_kernel(data)  # cold: builder and first GEMM queued behind the sleep
-    side = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         graph.capture_begin()
