@@ -18,8 +18,10 @@ import os
 import sys
 from pathlib import Path
 
-if sys.argv[1:2] == ["--ptx"]:  # read when the DSL is first imported
-    os.environ.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx")
+if sys.argv[1:2] == ["--ptx"]:  # read when the DSL is first imported; the kept PTX goes to a folder of its own
+    import tempfile
+    os.environ.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
+                      CUTE_DSL_DUMP_DIR=tempfile.mkdtemp(prefix="racecheck-pattern-"))
 
 import torch  # noqa: E402
 

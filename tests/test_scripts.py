@@ -148,3 +148,4 @@ def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_i
         assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in text, variant
         assert re.search(r"ld\.shared\.(?:b|u)32", text) and "mbarrier.arrive.expect_tx" in text, variant
         assert len(re.findall(r"fence\.proxy\.async\.shared::cta", text)) == (variant != "plain"), variant
+    assert not list(ROOT.glob("*.ptx"))  # nothing left behind
