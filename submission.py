@@ -175,9 +175,10 @@ SCHEDULES = {s.name: s for s in (Schedule(), Schedule(contiguous=True), Schedule
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """A B200 kernel configuration: the scheduler's (and CTA's MMA) tile of D' and whether A, B are swapped. The
-    launcher uses only these fields and methods, so another architecture's kernel (hopper.py) subclasses it."""
-    name: str
+    """A B200 kernel configuration: the scheduler's (and CTA's MMA) tile of D', whether A, B are swapped, and how
+    the CTAs share the tiles. Its name derives from its fields (`tile_name`/`schedule.name`, e.g.
+    "2cta-swap-256x128/contiguous"); `parse_config` reads one back. The launcher uses only these fields and
+    methods, so another architecture's kernel (hopper.py) subclasses it."""
     tile_m: int  # the MMA's tile along M' (128 on one CTA; 256 over a pair)
     tile_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool = False  # A' = b, B' = a, D' = C^T
@@ -187,9 +188,22 @@ class TileConfig:
     schedule: Schedule = Schedule()
 
     @property
+    def tile_name(self) -> str:
+        """The tile configuration's name ("128x128", "swap-128x256", "2cta-256x256", ...)."""
+        return ((f"{self.cta_group}cta-" if self.cta_group > 1 else "") + ("swap-" if self.swap_ab else "")
+                + f"{self.tile_m}x{self.tile_n}" + ("" if self.pdl else "-no-pdl"))
+
+    @property
+    def name(self) -> str:
+        return f"{self.tile_name}/{self.schedule.name}"
+
+    def with_schedule(self, schedule: Schedule) -> "TileConfig":
+        return dataclasses.replace(self, schedule=schedule)
+
+    @property
     def compile_key(self) -> "TileConfig":
-        """What the compiled code depends on: the configuration less its name and host-side schedule choices."""
-        return dataclasses.replace(self, name="", schedule=Schedule(contiguous=self.schedule.contiguous))
+        """What the compiled code depends on: the configuration less its host-side schedule choices."""
+        return self.with_schedule(Schedule(contiguous=self.schedule.contiguous))
 
     @property
     def tile_mnk(self) -> Tuple[int, int, int]:
@@ -203,12 +217,24 @@ class TileConfig:
         return len(problem_sizes) * TENSORMAP_I64_PER_GROUP
 
 
-TILE_CONFIGS = {c.name: c for c in (TileConfig("128x128", 128, 128),
-                                     TileConfig("swap-128x256", 128, 256, swap_ab=True))}
+TILE_CONFIGS = {c.tile_name: c for c in (TileConfig(128, 128), TileConfig(128, 256, swap_ab=True))}
 # 2-CTA configurations (a (2,1) cluster per tile): compiled and tested, never the model's choice until they have
 # run on a B200; CONFIG_POLICY may name them ("2cta-256x256/contiguous", ...)
-PAIR_CONFIGS = {c.name: c for c in (TileConfig("2cta-256x256", 256, 256, cta_group=2),
-                                    TileConfig("2cta-swap-256x128", 256, 128, swap_ab=True, cta_group=2))}
+PAIR_CONFIGS = {c.tile_name: c for c in (TileConfig(256, 256, cta_group=2),
+                                         TileConfig(256, 128, swap_ab=True, cta_group=2))}
+
+
+def parse_config(text: str, tiles: Dict[str, TileConfig], what: str = "configuration") -> TileConfig:
+    """The configuration "TILE" or "TILE/SCHEDULE" names (`TileConfig.name`; no schedule: round-robin) among
+    `tiles` (by `tile_name`); ValueError naming `what` and the choices. Every knob and command reads names here."""
+    tile, _, schedule = text.partition("/")
+    if tile not in tiles:
+        raise ValueError(f"{what} {text!r}: expected one of {', '.join(tiles)}, optionally with /SCHEDULE "
+                         f"({', '.join(SCHEDULES)}, or contiguous, balanced, by-m joined by '+')")
+    try:
+        return tiles[tile].with_schedule(Schedule.from_name(schedule))
+    except ValueError as error:
+        raise ValueError(f"{what} {text!r}: {error}") from None
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -355,8 +381,7 @@ def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COU
 
 def model_candidates() -> list:
     """What the model chooses among: every compiled tile configuration under every schedule of SCHEDULES."""
-    return [dataclasses.replace(c, name=f"{c.name}/{s.name}", schedule=s)
-            for c in TILE_CONFIGS.values() for s in SCHEDULES.values()]
+    return [c.with_schedule(s) for c in TILE_CONFIGS.values() for s in SCHEDULES.values()]
 
 
 def choose_config(problem_sizes, num_sms: int = SM100_SM_COUNT) -> TileConfig:
@@ -370,16 +395,12 @@ def choose_config(problem_sizes, num_sms: int = SM100_SM_COUNT) -> TileConfig:
 def policy_candidates() -> list:
     """What CONFIG_POLICY may name: the model's candidates and the 2-CTA configurations (PAIR_CONFIGS), each
     under every schedule of SCHEDULES."""
-    return model_candidates() + [dataclasses.replace(c, name=f"{c.name}/{s.name}", schedule=s)
-                                 for c in PAIR_CONFIGS.values() for s in SCHEDULES.values()]
+    return model_candidates() + [c.with_schedule(s) for c in PAIR_CONFIGS.values() for s in SCHEDULES.values()]
 
 
 def policy_config(name: str) -> TileConfig:
-    """The candidate called `name`; ValueError listing the names otherwise."""
-    named = {c.name: c for c in policy_candidates()}
-    if name not in named:
-        raise ValueError(f"CONFIG_POLICY {name!r}: expected \"model\" or one of {', '.join(named)}")
-    return named[name]
+    """The configuration CONFIG_POLICY names (`parse_config`); ValueError listing the names otherwise."""
+    return parse_config(name, {**TILE_CONFIGS, **PAIR_CONFIGS}, "CONFIG_POLICY (or \"model\")")
 
 
 @functools.lru_cache(maxsize=256)
@@ -711,7 +732,7 @@ class Sm100GroupedGemmKernel:
         """The block-scaled MMA (1 or 2 CTAs) and the one whose B partition places SFB': for a pair a 1-CTA MMA of
         the CTA's 128 rows by the whole N' (rounded up to 128), since each CTA holds all of the tile's SFB'."""
         make = lambda group, shape_mn: sm100_utils.make_blockscaled_trivial_tiled_mma(
-            AB_DTYPE, OperandMajorMode.K, OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, group, shape_mn)
+            AB_DTYPE, AB_DTYPE, OperandMajorMode.K, OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, group, shape_mn)
         tiled_mma = make(self.cta_group, self.tile_mnk[:2])
         if not self.two_cta:
             self.sfb_tiler_mnk = self.tile_mnk
@@ -1543,35 +1564,48 @@ class LaunchPlan:
         self.arguments = self.table_addresses + (self.memory.data_ptr(),) + self.counts  # then plan_ready
         owner.host_function(compiled.build_tensormaps, device_index).bind(self.arguments + (0,), self.home.stream)()
         self.built_launch = self.host.bind(self.arguments + (0,), self.home.stream)  # the GEMM right after it
+        # The completion of the builder and that first GEMM, for launches not ordered after them by their stream:
+        # waited for in a CUDA graph capture, it becomes an external event-wait node, so a replay too starts
+        # after them.
+        self.built = torch.cuda.Event(external=True)
+        self.built_seen = False  # seen complete: no launch needs to wait for it any more
+        # the stream as torch knows it (ExternalStream(0) would be a new stream, not the default one)
+        self.home_stream = torch.cuda.current_stream(device_index)
         self.used_on_other_stream = False  # its slot is read on two streams: never handed on
         self.captured = False  # launched in a CUDA graph capture: kept while its inputs live
-        self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch
+        self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch needing no wait (the warm path)
 
     def launch(self):
-        """Launch on the current stream; the first launch there binds the arguments for the next. Every launch
-        but the first on the plan's own stream passes `plan_ready` 1: the tables and descriptors are complete
-        before it can start (a full stream or event dependency lies between), so the GEMM may fetch them
-        before its `griddepcontrol.wait`. The first one follows the builder with programmatic launch: 0."""
+        """Launch on the current stream. The first launch, on the plan's own stream right after the builder,
+        passes `plan_ready` 0 (programmatic launch: the GEMM waits for the builder at `griddepcontrol.wait`).
+        Every other launch passes 1: the tables and descriptors are complete before it can start, so it may fetch
+        them before that wait. Until the first launch (builder and GEMM) is seen complete, a launch on another
+        stream waits for it, and a launch being captured into a CUDA graph (on any stream: a graph may be
+        replayed on any) waits for it through an external event-wait node in the graph, since a capture cannot
+        ask whether it is done. Once it is seen complete, a stream's launch is kept as its warm path."""
         stream = current_stream_handle(self.device_index)
-        launch = self.launch_by_stream.get(stream)
-        if launch is not None:
-            launch()
-            return
-        if self.built_launch is not None and stream == self.home.stream:
+        if self.built_launch is not None and stream == self.home.stream:  # the cold call (never captured)
             self.built_launch()
             self.built_launch = None
-            self.launch_by_stream[stream] = self.host.bind(self.arguments + (1,), stream)
+            self.built.record(self.home_stream)
             return
-        if stream_capturing():
+        capturing = stream_capturing()
+        on_stream = torch.cuda.current_stream(self.device_index)
+        if capturing:
             self.captured = True  # the graph replays this launch: the plan's memory must stay
-        elif stream != self.home.stream:
-            # The tables and descriptors were written on the plan's own stream: wait for that
-            torch.cuda.current_stream(self.device_index).wait_stream(
-                torch.cuda.ExternalStream(self.home.stream, device=self.device_index))
-        if stream != self.home.stream:  # never hand the slot on; the allocator keeps the memory for this stream
+            if not self.built_seen:
+                self.built.wait(on_stream)
+        elif not self.built_seen:
+            self.built_seen = self.built.query()
+            if not self.built_seen and stream != self.home.stream:
+                self.built.wait(on_stream)  # the tables and descriptors are written on the plan's own stream
+        if stream != self.home.stream and stream not in self.launch_by_stream:
+            # never hand the slot on; the allocator keeps the memory for this stream
             self.used_on_other_stream = True
-            self.memory.record_stream(torch.cuda.ExternalStream(stream, device=self.device_index))
-        self.launch_by_stream[stream] = launch = self.host.bind(self.arguments + (1,), stream)
+            self.memory.record_stream(on_stream)
+        launch = self.launch_by_stream.get(stream) or self.host.bind(self.arguments + (1,), stream)
+        if self.built_seen and not capturing:
+            self.launch_by_stream[stream] = launch
         launch()
 
     def release(self):

@@ -7,7 +7,6 @@ takes its target from CUTE_DSL_ARCH at first use, and some releases (4.3.x) comp
 without a GPU. Results are cached per kernel (toolchain.ResultCache); ptxas comes from toolchain.find_ptxas.
 """
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -259,25 +258,20 @@ def kernel_configs(arch: str) -> list:
     from nvfp4_group_gemm import submission
     if is_hopper_arch(arch):
         from nvfp4_group_gemm import hopper
-        candidates = [hopper.with_schedule(c, s) for c in hopper.SM90_CONFIGS.values()
+        candidates = [c.with_schedule(s) for c in hopper.SM90_CONFIGS.values()
                       for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
     else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones
         candidates = submission.policy_candidates()
     kernels = {}  # one per compiled form (`kernel_name`)
     for c in candidates:
-        name = kernel_name(c)
-        kernels.setdefault(name, dataclasses.replace(c, name=name, schedule=c.compile_key.schedule))
+        kernels.setdefault(kernel_name(c), c.compile_key)
     return list(kernels.values())
 
 
 def config_named(name: str, arch: str):
-    """A configuration of `arch` by name, "NAME/SCHEDULE" for NAME under a schedule (`submission.Schedule`)."""
+    """A configuration of `arch` by name, "TILE/SCHEDULE" for TILE under a schedule (`submission.parse_config`)."""
     from nvfp4_group_gemm import submission
-    base, _, schedule = name.partition("/")
-    config = {c.name: c for c in kernel_configs(arch)}[base]  # a tile configuration (round-robin)
-    if schedule:
-        config = dataclasses.replace(config, name=name, schedule=submission.Schedule.from_name(schedule))
-    return config
+    return submission.parse_config(name, {c.tile_name: c for c in kernel_configs(arch)}, f"{arch} configuration")
 
 
 def hopper_choice():
@@ -317,7 +311,7 @@ def compile_configs(arch: str, keep_dir: Optional[str], names: Optional[list] = 
     """Compile the configurations `names` (default: all) for `arch`, each in its own process, a few at a time;
     `report(done, total, row)` as each finishes. Results come from `cache` where it has them, and ok ones go
     into it; with `keep_dir`, which needs the PTX, everything compiles and nothing is cached."""
-    names = [c.name for c in kernel_configs(arch)] if names is None else list(names)
+    names = [kernel_name(c) for c in kernel_configs(arch)] if names is None else list(names)
     cache = cache or toolchain.ResultCache(None)
     ptxas = toolchain.find_ptxas()
     facts = (toolchain.dsl_identity(), toolchain.ptxas_version(ptxas.path) if ptxas else "no ptxas")
@@ -388,7 +382,7 @@ def print_compile_table(rows: list):
 def kernel_name(config) -> str:
     """The compiled kernel serving a configuration (`kernel_configs`): its tile configuration, contiguous or not
     (the rest of a schedule is host side)."""
-    return config.name.split("/")[0] + ("/contiguous" if config.schedule.contiguous else "")
+    return config.tile_name + ("/contiguous" if config.schedule.contiguous else "")
 
 
 def shape_plans(shape_sets: list, fixed_config=None, num_sms: Optional[int] = None, choose=None) -> list:
@@ -426,7 +420,7 @@ def compile_gate(arch: str, shape_sets: list, only_needed: bool, keep_dir: Optio
     print(f"Compile gate for {arch}: planning {len(shape_sets)} shape set{'s' if len(shape_sets) != 1 else ''}",
           flush=True)
     plans = shape_plans(shape_sets, None, H100_SM_COUNT if hopper else None, hopper_choice() if hopper else None)
-    names = [c.name for c in kernel_configs(arch)]
+    names = [kernel_name(c) for c in kernel_configs(arch)]
     if only_needed:
         needed = {p["kernel"] for p in plans}
         names = [n for n in names if n in needed]

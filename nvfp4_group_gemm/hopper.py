@@ -81,8 +81,9 @@ one benchmark in a same-run H200 measurement; docs/hopper.md has the figures
 and the forms that were tried and removed (git has their code).
 """
 import dataclasses
+import enum
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -104,23 +105,37 @@ WEIGHT_ROWS = 128  # B rows (weights' N) per tile: two MMA warpgroups, wgmma M =
 SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 
 
+class Diagnostic(enum.Enum):
+    """Timing experiments only (`eval.py sweep --diagnose`; wrong results): each leaves one part of the
+    default form's work out, to see what it costs."""
+    SKIP_CONVERT = "skip-convert"  # the weights' fragments stay unconverted
+    SKIP_MMA = "skip-mma"  # no wgmma
+    SKIP_TOKENS = "skip-tokens"  # no tokens loaded
+    SKIP_TOKEN_CONVERSION = "skip-token-conversion"  # no tokens converted (and none waited for)
+    SKIP_EPILOGUE = "skip-epilogue"  # no C stored
+
+
 @dataclasses.dataclass(frozen=True)
 class Sm90TileConfig(TileConfig):
     """The launcher's TileConfig (tile_m: tokens per tile, wgmma's N; tile_n:
-    weight rows per tile) plus the Hopper kernel's K per stage and a timing
-    diagnostic. cta_group 2: a (2,1,1) cluster takes each tile, tile_n =
-    2 x WEIGHT_ROWS, each CTA WEIGHT_ROWS of its weight rows, and the two CTAs
-    share the tile's token stages (each loads half of a stage into both by TMA
-    multicast)."""
+    weight rows per tile) plus the Hopper kernel's K per stage, narrow last
+    tiles and a timing diagnostic. cta_group 2: a (2,1,1) cluster takes each
+    tile, tile_n = 2 x WEIGHT_ROWS, each CTA WEIGHT_ROWS of its weight rows, and
+    the two CTAs share the tile's token stages (each loads half of a stage into
+    both by TMA multicast)."""
     tile_k: int = 128  # 64 or 128: one or two 512-byte scale-factor blocks per stage
     # > 0: a group's last token tile with at most this many rows is "narrow": its wgmma has N =
     # narrow_tokens (half the work), and the narrow tiles come after all others (`NarrowLastScheduler`)
     narrow_tokens: int = 0
-    # Timing experiments only (`eval.py sweep --diagnose`; wrong results): "skip-convert"
-    # leaves the weights' fragments unconverted, "skip-mma" issues no wgmma, "skip-tokens"
-    # loads no tokens, "skip-token-conversion" converts no tokens (and waits for none),
-    # "skip-epilogue" stores no C; with exact results (EXACT_DIAGNOSTICS): "no-pdl".
-    diagnostic: str = ""
+    diagnostic: Optional[Diagnostic] = None  # only `SM90_DIAGNOSTICS` (the sweep's) set one
+
+    @property
+    def tile_name(self) -> str:
+        """"sm90-TMxTN-kTK-wr", then -pair, -narrow, the diagnostic and -no-pdl where they apply."""
+        narrow = "" if not self.narrow_tokens else (
+            "-narrow" if self.narrow_tokens == self.tile_m // 2 else f"-narrow{self.narrow_tokens}")
+        return (f"sm90-{self.tile_m}x{self.tile_n}-k{self.tile_k}-wr" + ("-pair" if self.cta_group == 2 else "")
+                + narrow + (f"-{self.diagnostic.value}" if self.diagnostic else "") + ("" if self.pdl else "-no-pdl"))
 
     @property
     def tile_mnk(self):
@@ -137,23 +152,19 @@ class Sm90TileConfig(TileConfig):
         return super().plan_words(problem_sizes) + COUNTER_BYTES // 8 + ceil_div(scratch_bytes, 8)
 
 
-DIAGNOSTICS = ("skip-convert", "skip-mma", "skip-tokens", "skip-token-conversion", "skip-epilogue", "no-pdl")
-# exact results: selectable by CONFIG_ENV
-EXACT_DIAGNOSTICS = ("no-pdl",)
 # Each form is the fastest on some benchmark in a same-run H200 measurement: the default on benchmarks 2 and 3,
 # the pair with narrow last token tiles on benchmark 0, the 192-token pair on benchmark 1 (docs/hopper.md).
-SM90_CONFIGS = {c.name: c for c in (
-    Sm90TileConfig("sm90-128x128-k128-wr", 128, WEIGHT_ROWS, tile_k=128),
+SM90_CONFIGS = {c.tile_name: c for c in (
+    Sm90TileConfig(128, WEIGHT_ROWS, tile_k=128),
     # (2,1,1) clusters: each CTA reads half of each token stage from the L2 and multicasts it to both
-    Sm90TileConfig("sm90-128x256-k128-wr-pair-narrow", 128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2,
-                   narrow_tokens=64),
-    Sm90TileConfig("sm90-192x256-k64-wr-pair", 192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
+    Sm90TileConfig(128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2, narrow_tokens=64),
+    Sm90TileConfig(192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take a pair form)
-# Timing experiments (`eval.py sweep --diagnose`), each on the default form.
-# Exact results: "no-pdl" launches the GEMM without programmatic dependent launch.
-SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, name=f"{SM90_CONFIG.name}-{what}", diagnostic=what,
-                                             pdl=what != "no-pdl") for what in DIAGNOSTICS)
+# The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
+SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
+# What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
+SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
 
 MMA_WARPGROUPS = WEIGHT_ROWS // 64  # warpgroups 0 and 1: wgmma M = 64 each
 # Token conversion (`convert_token_share`): a unit is one row's stage (tile_k K) of one group's A; a warp
@@ -596,7 +607,7 @@ class Sm90GroupedGemmKernel:
         self.packed_k_bytes = self.tile_k // 2  # per row and stage
         self.sf_stage_bytes = SF_BLOCK_BYTES * self.tile_k // 64  # per stage
         self.roles = WARP_ROLES
-        self.convert_tokens = config.diagnostic != "skip-token-conversion"
+        self.convert_tokens = config.diagnostic is not Diagnostic.SKIP_TOKEN_CONVERSION
         self.pair = config.cta_group == 2  # a (2,1,1) cluster per tile, the token stages multicast to both
 
     def cluster_layout(self) -> cute.Layout:
@@ -759,8 +770,9 @@ class Sm90GroupedGemmKernel:
         tidx, _, _ = cute.arch.thread_idx()
 
         storage = submission.SmemAllocator().allocate(self.shared_storage)
-        # "skip-tokens" (a timing diagnostic) loads no tokens
-        skipped = self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic == "skip-tokens") else 0
+        # Diagnostic.SKIP_TOKENS loads no tokens
+        skipped = (self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_TOKENS)
+                   else 0)
         # a pair: the tokens of a stage come half from each CTA (tx_count: every byte lands in both), and a
         # stage is free once both CTAs' MMA warps release it (the pipeline's cluster-wide sync publishes
         # the barriers before either CTA's first load)
@@ -936,7 +948,7 @@ class Sm90GroupedGemmKernel:
         SFB by a bulk copy from `sfb_tile`, `sfb_tile_address`), arriving on `barrier`."""
         tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
         if cutlass.const_expr(what == "tokens"):
-            if cutlass.const_expr(self.config.diagnostic != "skip-tokens"):
+            if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_TOKENS):
                 multicast = {} if cutlass.const_expr(token_mask is None) else {"mcast_mask": token_mask}
                 cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
                           tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast)
@@ -1037,7 +1049,7 @@ class Sm90GroupedGemmKernel:
                     state, release_state = self.mainloop(ab_pipeline, wide_mma, weights, work, state, release_state)
             else:
                 state, release_state = self.mainloop(ab_pipeline, wide_mma, weights, work, state, release_state)
-            if cutlass.const_expr(self.config.diagnostic != "skip-epilogue"):
+            if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_EPILOGUE):
                 self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, sC[(None, None, wg)], wg,
                               wg_tidx)
             scheduler.advance()
@@ -1053,10 +1065,10 @@ class Sm90GroupedGemmKernel:
         for k_pair in cutlass.range(0, work.k_tiles // NUM_REGISTER_BUFFERS, 1, unroll=1):
             for buffer in cutlass.range_constexpr(NUM_REGISTER_BUFFERS):
                 ab_pipeline.consumer_wait(state)
-                # the timing diagnostics (Sm90TileConfig.diagnostic) leave out a part
-                if cutlass.const_expr(self.config.diagnostic != "skip-convert"):
+                # the timing diagnostics (Diagnostic) leave out a part
+                if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_CONVERT):
                     self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, q)
-                if cutlass.const_expr(self.config.diagnostic != "skip-mma"):
+                if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_MMA):
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(self.tile_k // 16):
                         cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)],
@@ -1305,13 +1317,9 @@ def sm90_schedule(problem_sizes, num_sms: int, config: Sm90TileConfig = SM90_CON
     return submission.Schedule()
 
 
-def with_schedule(config: Sm90TileConfig, schedule: submission.Schedule) -> Sm90TileConfig:
-    return dataclasses.replace(config, name=f"{config.name}/{schedule.name}", schedule=schedule)
-
-
 def scheduled_by_shape(config: Sm90TileConfig):
     """The launcher's `choose` for `config` under `sm90_schedule`, per shape set."""
-    return lambda problem_sizes, num_sms: with_schedule(config, sm90_schedule(problem_sizes, num_sms, config))
+    return lambda problem_sizes, num_sms: config.with_schedule(sm90_schedule(problem_sizes, num_sms, config))
 
 
 # The forms custom_kernel chooses among when CONFIG_ENV names none, with their cost of one tile per K (ns; a
@@ -1334,7 +1342,7 @@ def tile_weights(problem_sizes, config: Sm90TileConfig, schedule: submission.Sch
     `submission.group_order`, numbered as the form's scheduler numbers tiles (`narrow_last_tiles`)."""
     ordered = [problem_sizes[g] for g in submission.group_order(problem_sizes, schedule)]
     if config.narrow_tokens:
-        share = SM90_NARROW_TILE_SHARE[config.name]
+        share = SM90_NARROW_TILE_SHARE[config.tile_name]
         return [ordered[g][2] * (share if narrow else 1.0)
                 for g, _, _, narrow in narrow_last_tiles(ordered, config.tile_m, config.tile_n, config.narrow_tokens)]
     return [size[2] for size in ordered for _ in range(submission.tile_count([size], config))]
@@ -1346,7 +1354,7 @@ def busiest_cta_cost(problem_sizes, num_sms: int, config: Sm90TileConfig) -> flo
     schedule = sm90_schedule(problem_sizes, num_sms, config)
     weights = tile_weights(problem_sizes, config, schedule)
     ctas = submission.persistent_ctas(len(weights), num_sms // config.cta_group, schedule.balanced_ctas)
-    return SM90_TILE_COST_NS[config.name] * max(
+    return SM90_TILE_COST_NS[config.tile_name] * max(
         sum(weights[t] for t in submission.cta_tiles(cta, ctas, len(weights), schedule)) for cta in range(ctas))
 
 
@@ -1355,25 +1363,19 @@ def sm90_choice(problem_sizes, num_sms: int) -> Sm90TileConfig:
     whose busiest CTA costs least (ties: the default), under `sm90_schedule`."""
     config = min((SM90_CONFIGS[name] for name in SM90_TILE_COST_NS),
                  key=lambda c: busiest_cta_cost(problem_sizes, num_sms, c))
-    return with_schedule(config, sm90_schedule(problem_sizes, num_sms, config))
+    return config.with_schedule(sm90_schedule(problem_sizes, num_sms, config))
 
 
 def config_from_setting(setting) -> Sm90TileConfig:
-    """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration name,
-    optionally followed by "/" and a schedule (`submission.Schedule.from_name`, e.g. "contiguous+balanced"),
-    or "/SCHEDULE" alone for the default configuration under that schedule. How custom_kernel uses it:
-    `launcher_for_setting`."""
+    """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration's
+    `tile_name`, optionally followed by "/" and a schedule (`submission.parse_config`, e.g.
+    "sm90-128x128-k128-wr/contiguous+balanced"), or "/SCHEDULE" alone for the default configuration under that
+    schedule. How custom_kernel uses it: `launcher_for_setting`."""
     if setting in (None, ""):
         return SM90_CONFIG
-    name, _, schedule = setting.partition("/")
-    settings = {**SM90_CONFIGS, **{c.name: c for c in SM90_DIAGNOSTICS if c.diagnostic in EXACT_DIAGNOSTICS}}
-    if name not in settings and name != "":
-        raise ValueError(f"{CONFIG_ENV}={setting!r}: expected one of {', '.join(settings)}, optionally with "
-                         "/SCHEDULE")
-    config = settings.get(name, SM90_CONFIG)
-    if schedule:
-        config = with_schedule(config, submission.Schedule.from_name(schedule))
-    return config
+    if setting.startswith("/"):
+        setting = SM90_CONFIG.tile_name + setting
+    return submission.parse_config(setting, {**SM90_CONFIGS, SM90_NO_PDL.tile_name: SM90_NO_PDL}, CONFIG_ENV)
 
 
 def launcher_for_setting(setting) -> submission.GroupedGemmLauncher:

@@ -31,16 +31,15 @@ PUBLIC_B200_LOG_GEOMEAN_US = (("128x128, round-robin, descriptors rewritten", 16
 def public_designs() -> dict:
     """{label: per benchmark (configuration, SMs used, descriptors rewritten)}: the PUBLIC_B200_* designs."""
     from nvfp4_group_gemm import submission
-    from nvfp4_group_gemm.submission import Schedule, TileConfig
-    square = TileConfig("128x128", 128, 128)
+    from nvfp4_group_gemm.submission import Schedule
+    square = submission.TILE_CONFIGS["128x128"]
     pair = submission.PAIR_CONFIGS["2cta-256x256"]
-    swapped_pair = dataclasses.replace(submission.PAIR_CONFIGS["2cta-swap-256x128"],
-                                       schedule=Schedule(groups_by_m=True))
+    swapped_pair = submission.PAIR_CONFIGS["2cta-swap-256x128"].with_schedule(Schedule(groups_by_m=True))
 
     def log_step(step: int):
         contiguous = Schedule(contiguous=step >= 1)
         configs = [pair if step >= 2 and i == 0 else square for i in range(4)]
-        return [(dataclasses.replace(c, schedule=contiguous), 128 if step >= 4 else submission.SM100_SM_COUNT,
+        return [(c.with_schedule(contiguous), 128 if step >= 4 else submission.SM100_SM_COUNT,
                  step < 3) for c in configs]
     designs = {f"log: {label}": log_step(step) for step, (label, _) in enumerate(PUBLIC_B200_LOG_GEOMEAN_US)}
     designs["CuTe DSL kernel"] = log_step(4)
@@ -144,7 +143,7 @@ def command_model(options) -> int:
             submission.model_candidates(), key=modeled)
         chosen = submission.model_time_us(sizes, config, constants=constants)
         best_of = {n: min(submission.model_time_us(sizes, c, constants=constants).time_us
-                          for c in submission.model_candidates() if c.name.split("/")[0] == n) for n in names}
+                          for c in submission.model_candidates() if c.tile_name == n) for n in names}
         sol_us = b200_speed_of_light_ns(sizes) / 1e3
         chosen_times.append(chosen.time_us)
         rewrite = submission.model_time_us(sizes, config, rewrite_descriptors=True, constants=constants)

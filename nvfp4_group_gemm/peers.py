@@ -124,7 +124,7 @@ def sweep_configs(only=None, diagnose: bool = False) -> list:
     whose names contain any of the substrings in `only` (all when None)."""
     from nvfp4_group_gemm import hopper
     configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if diagnose else [])
-    return [c for c in configs if not only or any(part in c.name for part in only)]
+    return [c for c in configs if not only or any(part in c.tile_name for part in only)]
 
 
 def awkward_shape_sets() -> list:
@@ -216,10 +216,10 @@ def command_sweep(options) -> int:
         worst |= bool(failed)
         print(f"{config.name}: {len(verdicts) - len(failed)}/{len(verdicts)} test shapes correct"
               + "".join(f"\n  test {i}: {message[:300]}" for i, message in failed))
-    print(f"Hopper configurations on {torch.cuda.get_device_name()} (mean us per call, leaderboard loop, "
-          f"{PEER_SAMPLES} samples; x = grouped_mm time / ours; * = custom_kernel's):")
+    print(f"Hopper configurations, round-robin, on {torch.cuda.get_device_name()} (mean us per call, leaderboard "
+          f"loop, {PEER_SAMPLES} samples; x = grouped_mm time / ours; * = custom_kernel's default form):")
     print(f"  {'#':>2} {'grouped_mm':>11} " + " ".join(
-        f"{c.name + ('*' if c == hopper.SM90_CONFIG else ''):>24}" for c in configs))
+        f"{c.tile_name + ('*' if c == hopper.SM90_CONFIG else ''):>24}" for c in configs))
     for index, case in cases:
         inputs = benchmark_inputs(case.args)
         gmm = time_loop_us(grouped_mm_on_bf16(inputs), inputs)

@@ -281,7 +281,7 @@ def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
         monkeypatch.setattr(submission, "CONFIG_POLICY", candidate.name)
         assert submission.choose_config(sizes) == candidate
     monkeypatch.setattr(submission, "CONFIG_POLICY", "256x256")
-    with pytest.raises(ValueError, match="expected \"model\" or one of 128x128/round-robin"):
+    with pytest.raises(ValueError, match="CONFIG_POLICY .or \"model\". '256x256': expected one of 128x128, "):
         submission.choose_config(sizes)
 
 
@@ -297,12 +297,12 @@ def test_two_cta_configurations_compile_but_the_model_never_offers_them():
     for config in submission.PAIR_CONFIGS.values():
         assert config.cta_group == 2 and config.tile_m == 256
         assert submission.stage_bytes(config) < submission.stage_bytes(
-            submission.TileConfig("one", config.tile_m, config.tile_n))  # each CTA holds half the rows
+            submission.TileConfig(config.tile_m, config.tile_n))  # each CTA holds half the rows
         kernel = config.make_kernel()
         assert kernel.cta_tile_mnk == (128, config.tile_n, config.tile_mnk[2])
         assert submission.pipeline_arrive_counts(config) == (1, 2 * len(submission.EPILOGUE_WARPS))
-    for bad in (submission.TileConfig("x", 256, 128), submission.TileConfig("y", 128, 128, cta_group=2),
-                submission.TileConfig("z", 384, 128, cta_group=3)):
+    for bad in (submission.TileConfig(256, 128), submission.TileConfig(128, 128, cta_group=2),
+                submission.TileConfig(384, 128, cta_group=3)):
         with pytest.raises(ValueError, match="128 rows of M' per CTA"):
             bad.make_kernel()
     # the grid of a pair configuration counts pairs: at most half the SMs

@@ -217,12 +217,11 @@ def test_the_b200_sweep_runs_end_to_end_with_stand_ins(monkeypatch, capsys):
     """`sweep_b200` itself on the CPU: two configurations (one exact, through the reference; one wrong on the
     awkward cases with M=1), the checks on every test and awkward case, then a stand-in timer on the benchmarks
     for the exact one only, and the table. (On a B200 the kernel and the leaderboard's timing loop stand here.)"""
-    import dataclasses
     import torch
     from nvfp4_group_gemm import submission
     from nvfp4_group_gemm.reference import ref_kernel
-    good, bad = (dataclasses.replace(submission.TILE_CONFIGS["128x128"], name=name)
-                 for name in ("128x128/stand-in", "swap-128x256/stand-in-wrong"))
+    good = submission.TILE_CONFIGS["128x128"].with_schedule(submission.Schedule(contiguous=True))
+    bad = submission.TILE_CONFIGS["swap-128x256"]
 
     def run(data, config):
         out = ref_kernel(data)
@@ -240,8 +239,8 @@ def test_the_b200_sweep_runs_end_to_end_with_stand_ins(monkeypatch, capsys):
     out = capsys.readouterr().out
     checks = len(casefile.read_test_file(casefile.TESTS_FILE)) + len(peers.awkward_shape_sets())
     assert f"2 configurations, each checked on {checks} cases, then timed on 2 benchmarks" in out
-    assert "[1/2] 128x128/stand-in: exact" in out and "[2/2] swap-128x256/stand-in-wrong: WRONG on 2 cases" in out
+    assert "[1/2] 128x128/contiguous: exact" in out and "[2/2] swap-128x256/round-robin: WRONG on 2 cases" in out
     assert timed == [bench[0][1].args["m"][0], bench[1][1].args["m"][0]]  # only the exact one is timed
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if "/stand-in" in line and "[" not in line}
-    assert rows["128x128/stand-in"][1:5] == [f"{checks}/{checks}", "10.00", "20.00", "14.14"]
-    assert rows["swap-128x256/stand-in-wrong"][1:5] == [f"{checks - 2}/{checks}", "-", "-", "-"]
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if "-128x" in line or "128x128/" in line}
+    assert rows["128x128/contiguous"][1:5] == [f"{checks}/{checks}", "10.00", "20.00", "14.14"]
+    assert rows["swap-128x256/round-robin"][1:5] == [f"{checks - 2}/{checks}", "-", "-", "-"]

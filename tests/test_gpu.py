@@ -237,7 +237,7 @@ def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
     for case in TEST_CASES + BENCHMARK_CASES[3:]:
         data = generate_input(**case.args)
         sizes = tuple(map(tuple, data[3]))
-        run_config_and_check(data, hopper.with_schedule(form, hopper.sm90_schedule(sizes, sms, form)), launcher)
+        run_config_and_check(data, form.with_schedule(hopper.sm90_schedule(sizes, sms, form)), launcher)
     run_on_one_and_two_units(many_small_groups(seed=7), form, monkeypatch)
 
 

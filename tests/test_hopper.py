@@ -307,12 +307,11 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
         assert sorted(b for b in blocks if b < n // 128) == list(range(n // 128))
         assert len(blocks) - n // 128 == (n // 128) % 2
     bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
-    plan = submission.shape_plan(bench0, -1, 132, hopper.with_schedule(pair, hopper.sm90_schedule(bench0, 132, pair)))
+    plan = submission.shape_plan(bench0, -1, 132, pair.with_schedule(hopper.sm90_schedule(bench0, 132, pair)))
     assert plan.tiles == 11 * 16 and plan.ctas == 66  # more tiles than pairs: round-robin (narrow tiles last)
     assert plan.config.schedule == submission.Schedule(groups_by_m=True)
     pair192 = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
-    plan = submission.shape_plan(bench0, -1, 132, hopper.with_schedule(pair192, hopper.sm90_schedule(bench0, 132,
-                                                                                                     pair192)))
+    plan = submission.shape_plan(bench0, -1, 132, pair192.with_schedule(hopper.sm90_schedule(bench0, 132, pair192)))
     assert plan.tiles == 9 * 16 and plan.ctas == submission.persistent_ctas(144, 66, balanced=True) <= 66
     assert plan.config.schedule == submission.Schedule(True, True, True)  # more tiles than pairs
     one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))
@@ -384,7 +383,7 @@ def test_narrow_tiles_come_last_and_every_tile_once():
     assert hopper.busiest_cta_cost(bench0, 132, narrow) == pytest.approx(
         (2 + share) * 7168 * hopper.SM90_TILE_COST_NS[NARROW])
     assert hopper.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == 3 * 7168 * hopper.SM90_TILE_COST_NS[
-        hopper.SM90_CONFIG.name]
+        hopper.SM90_CONFIG.tile_name]
 
 
 def test_a_narrow_form_multiplies_narrow_tiles_by_half_width_wgmma(report):
@@ -412,14 +411,14 @@ def test_custom_kernel_schedules_each_shape_set_as_measured_fastest_unless_the_s
     one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))  # 128 tiles, 48 pair tiles
     assert submission.tile_count(multi_wave, hopper.SM90_CONFIG) > sms >= submission.tile_count(
         one_wave, hopper.SM90_CONFIG)
-    for setting in (None, "", hopper.SM90_CONFIG.name, "sm90-192x256-k64-wr-pair"):
+    for setting in (None, "", hopper.SM90_CONFIG.tile_name, "sm90-192x256-k64-wr-pair"):
         launcher = hopper.launcher_for_setting(setting)
         base = hopper.config_from_setting(setting)  # unset: sm90_choice keeps the default form on these
         assert launcher.config is None
         plan = submission.shape_plan(multi_wave, -1, sms, launcher.config, launcher.choose)
         assert plan.config.schedule == submission.Schedule(True, True, True)
-        assert plan.config.name == f"{base.name}/contiguous+balanced+by-m"
-        assert dataclasses.replace(plan.config, name=base.name, schedule=base.schedule) == base
+        assert plan.config.name == f"{base.tile_name}/contiguous+balanced+by-m"
+        assert plan.config.with_schedule(base.schedule) == base
         assert plan.order == (2, 1, 4, 0, 3)  # descending M
         units = sms // base.cta_group  # CTAs or pairs
         assert plan.ctas == submission.persistent_ctas(plan.tiles, units, balanced=True) < units
@@ -449,15 +448,15 @@ def test_custom_kernel_takes_a_pair_form_where_the_cost_model_says_it_cuts_the_b
                      "sm90-128x128-k128-wr/round-robin", "sm90-128x128-k128-wr/round-robin"]
     wide, default = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"], hopper.SM90_CONFIG
     sizes = tuple((m, 7168, 2048, 1) for m in (40, 76, 168, 72, 164, 148, 196, 160))
-    assert hopper.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper.SM90_TILE_COST_NS[default.name]
-    assert hopper.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper.SM90_TILE_COST_NS[wide.name]
+    assert hopper.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper.SM90_TILE_COST_NS[default.tile_name]
+    assert hopper.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper.SM90_TILE_COST_NS[wide.tile_name]
     # one tile per CTA or pair: a pair's tile costs more than the default's
-    assert all(hopper.SM90_TILE_COST_NS[name] > hopper.SM90_TILE_COST_NS[default.name]
-               for name in hopper.SM90_TILE_COST_NS if name != default.name)
+    assert all(hopper.SM90_TILE_COST_NS[name] > hopper.SM90_TILE_COST_NS[default.tile_name]
+               for name in hopper.SM90_TILE_COST_NS if name != default.tile_name)
     # groups of different K: the CTA holding the long group's tiles is the busiest
     mixed = ((128, 128, 8192, 1), (128, 128, 256, 1))
-    assert hopper.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper.SM90_TILE_COST_NS[default.name]
-    assert hopper.busiest_cta_cost(mixed, 2, default) == 8192 * hopper.SM90_TILE_COST_NS[default.name]
+    assert hopper.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper.SM90_TILE_COST_NS[default.tile_name]
+    assert hopper.busiest_cta_cost(mixed, 2, default) == 8192 * hopper.SM90_TILE_COST_NS[default.tile_name]
     assert hopper.launcher_for_setting(None).choose is hopper.sm90_choice
 
 
@@ -482,17 +481,17 @@ def _kernel_ptx(configs, dump_dir) -> dict:
 
 @pytest.mark.slow
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
-    """`eval.py sweep --diagnose` variants (timing only; all but EXACT_DIAGNOSTICS give
-    wrong results by design): each is the default form with one part left out or moved,
-    and its PTX shows it (no-pdl's part is a launch attribute)."""
-    assert [c.diagnostic for c in hopper.SM90_DIAGNOSTICS] == list(hopper.DIAGNOSTICS)
-    assert all(dataclasses.replace(c, name=hopper.SM90_CONFIG.name, diagnostic="", pdl=True) == hopper.SM90_CONFIG
+    """`eval.py sweep --diagnose` variants (timing only; each Diagnostic gives wrong results by design; the
+    no-pdl form is exact): each is the default form with one part left out or moved, and its PTX shows it
+    (no-pdl's part is a launch attribute)."""
+    assert [c.diagnostic for c in hopper.SM90_DIAGNOSTICS] == list(hopper.Diagnostic) + [None]
+    assert all(dataclasses.replace(c, diagnostic=None, pdl=True) == hopper.SM90_CONFIG
                for c in hopper.SM90_DIAGNOSTICS)
     assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
     ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS, tmp_path)
     base = ptx.pop(hopper.SM90_CONFIG.name)
     count = lambda pattern, text: len(re.findall(pattern, text))
-    by_what = {c.diagnostic: ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
+    by_what = {c.diagnostic.value if c.diagnostic else "no-pdl": ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
     # no-pdl (exact results): the same device code, launched without programmatic dependent launch (host side)
     assert by_what.pop("no-pdl") == base
     for what, text in by_what.items():
@@ -515,16 +514,17 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
                     rf"bar\.arrive\s+{hopper.TOKENS_READY_BARRIER},"):
         assert count(pattern, base) > 0 == count(pattern, skipped), pattern
     assert 0 < count(conversion, skipped) < count(conversion, base)
-    assert config_setting_names() >= {f"{hopper.SM90_CONFIG.name}-{w}" for w in hopper.EXACT_DIAGNOSTICS}
+    assert config_setting_names() == set(hopper.SM90_CONFIGS) | {hopper.SM90_NO_PDL.tile_name}
 
 
 def config_setting_names():
-    """The names CONFIG_ENV accepts (each must resolve; an unknown one raises)."""
-    names = set(hopper.SM90_CONFIGS) | {c.name for c in hopper.SM90_DIAGNOSTICS}
+    """The names CONFIG_ENV accepts (each must resolve; an unknown one raises): the forms and the exact no-pdl
+    one, never a Diagnostic (only the sweep reaches those)."""
+    names = set(hopper.SM90_CONFIGS) | {c.tile_name for c in hopper.SM90_DIAGNOSTICS}
     accepted = set()
     for name in names:
         try:
-            assert hopper.config_from_setting(name).name == name
+            assert hopper.config_from_setting(name).tile_name == name
             accepted.add(name)
         except ValueError:
             pass
@@ -567,8 +567,10 @@ def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout(
 
 def test_the_configuration_setting():
     assert hopper.config_from_setting(None) is hopper.config_from_setting("") is hopper.SM90_CONFIG
-    assert hopper.config_from_setting("sm90-192x256-k64-wr-pair") is hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
-    with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG='k99': expected one of sm90-"):
+    assert hopper.config_from_setting("sm90-192x256-k64-wr-pair") == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
+    assert hopper.config_from_setting("sm90-192x256-k64-wr-pair/round-robin") == hopper.SM90_CONFIGS[
+        "sm90-192x256-k64-wr-pair"]
+    with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG 'k99': expected one of sm90-"):
         hopper.config_from_setting("k99")
 
 
@@ -592,7 +594,7 @@ def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
 def test_sweep_picks_configurations_by_name():
     assert peers.sweep_configs() == list(hopper.SM90_CONFIGS.values())
     assert peers.sweep_configs(["128x128"]) == [hopper.SM90_CONFIG]
-    assert [c.name for c in peers.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]
+    assert [c.tile_name for c in peers.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]
     with_diagnostics = peers.sweep_configs(["k128-wr"], diagnose=True)
     assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
     assert peers.sweep_configs(["no-such-form"]) == []
@@ -638,10 +640,11 @@ def test_a_setting_may_name_a_schedule():
     """CONFIG_ENV "NAME/SCHEDULE" (or "/SCHEDULE" for the default form): how the schedules are timed on an H200."""
     config = hopper.config_from_setting("/contiguous+balanced")
     assert config.schedule == submission.Schedule(contiguous=True, balanced_ctas=True)
-    assert dataclasses.replace(config, name=hopper.SM90_CONFIG.name, schedule=submission.Schedule()) == \
-        hopper.SM90_CONFIG
-    named = hopper.config_from_setting(f"{hopper.SM90_CONFIG.name}-no-pdl/by-m")
-    assert named.diagnostic == "no-pdl" and named.schedule.groups_by_m and not named.schedule.contiguous
+    assert config.with_schedule(submission.Schedule()) == hopper.SM90_CONFIG
+    assert config.name == f"{hopper.SM90_CONFIG.tile_name}/contiguous+balanced"
+    named = hopper.config_from_setting(f"{hopper.SM90_CONFIG.tile_name}-no-pdl/by-m")
+    assert not named.pdl and named.diagnostic is None
+    assert named.schedule.groups_by_m and not named.schedule.contiguous
     with pytest.raises(ValueError, match="unknown"):
         hopper.config_from_setting("/diagonal")
     with pytest.raises(ValueError, match="expected one of"):

@@ -273,9 +273,8 @@ def test_schedule_names_round_trip_and_unknown_names_are_refused():
 
 def test_only_the_compiled_schedule_choice_is_part_of_the_compile_key():
     base = submission.TILE_CONFIGS["128x128"]
-    host_only = dataclasses.replace(base, name="x", schedule=submission.Schedule(balanced_ctas=True,
-                                                                                 groups_by_m=True))
-    compiled = dataclasses.replace(base, schedule=submission.Schedule(contiguous=True))
+    host_only = base.with_schedule(submission.Schedule(balanced_ctas=True, groups_by_m=True))
+    compiled = base.with_schedule(submission.Schedule(contiguous=True))
     assert host_only.compile_key == base.compile_key != compiled.compile_key
 
 
