@@ -26,7 +26,8 @@ the leader issues the MMAs; each CTA's epilogue stores its 128 rows (`CtaPair`).
   warps 0-3  epilogue: TMEM -> registers -> fp16 -> shared memory -> TMA store
   warp 4     MMA: scale factors shared -> tensor memory, tcgen05.mma (one thread; a pair's leader only)
   warp 5     TMA producer: A', B', SFA', SFB' tiles into shared-memory stages
-Pipelines (producer -> consumer, arrive counts; `check_sm100_warp_roles`, `pipeline_arrive_counts`):
+Pipelines (producer -> consumer, arrive counts; `Sm100WarpRoles`, `pipeline_arrive_counts`, each made by a
+`make_*_pipeline` method that checks its counts):
   ab   PipelineTmaUmma, `num_ab_stages` stages: TMA warp (1 arrive + transaction bytes of one stage, a pair's
        leader: of both CTAs' stages) -> MMA warp (1 arrive, tcgen05.commit, a pair's to both CTAs)
   acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits twice in TMEM): MMA warp
@@ -109,15 +110,6 @@ SM_SHARED_MEMORY = 233472  # sm_100: 228 KiB of shared memory per SM, shared by 
 CTA_SMEM_RESERVED = 1024  # what the runtime keeps of an SM's shared memory per resident CTA
 SM100_SM_COUNT = 148  # B200
 
-EPILOGUE_WARPS = (0, 1, 2, 3)
-MMA_WARP = 4
-TMA_WARP = 5
-THREADS_PER_CTA = 32 * (len(EPILOGUE_WARPS) + 2)
-# Named barriers (0 is __syncthreads)
-EPILOGUE_BARRIER_ID = 1  # the epilogue warps among themselves
-TMEM_ALLOC_BARRIER_ID = 2  # epilogue warps + MMA warp: TMEM address published
-EPILOGUE_THREADS = 32 * len(EPILOGUE_WARPS)  # named barrier EPILOGUE_BARRIER_ID, the c pipeline's producers
-ACC_CONSUMER_ARRIVES = len(EPILOGUE_WARPS)  # one elected thread per epilogue warp
 
 TENSORMAPS_PER_GROUP = 5  # descriptor table slots per group: A', B', SFA', SFB', D' (hopper.py: A, B)
 BYTES_PER_TENSORMAP = 128
@@ -129,16 +121,45 @@ K_MULTIPLE = 256
 PATH_B200 = "b200-tcgen05"
 
 
-def check_sm100_warp_roles() -> None:
-    """Fail on the host, before any compile, where warp roles and arrive counts disagree (a B200 would hang)."""
-    warps = THREADS_PER_CTA // 32
-    assert THREADS_PER_CTA % 32 == 0
-    assert sorted((*EPILOGUE_WARPS, MMA_WARP, TMA_WARP)) == list(range(warps)), "each warp has one role"
-    # tcgen05.ld: warp w reads TMEM lanes 32 (w % 4) .. + 31: four epilogue warps must cover w % 4 = 0..3
-    assert sorted(w % 4 for w in EPILOGUE_WARPS) == [0, 1, 2, 3]
-    assert MMA_WARP > max(EPILOGUE_WARPS) < TMA_WARP, "the kernel dispatches the epilogue as warp_idx < MMA_WARP"
-    assert ACC_CONSUMER_ARRIVES == len(EPILOGUE_WARPS)
-    assert len({0, EPILOGUE_BARRIER_ID, TMEM_ALLOC_BARRIER_ID}) == 3
+@dataclasses.dataclass(frozen=True)
+class Sm100WarpRoles:
+    """The B200 kernel's warps and named barriers (0 is __syncthreads). The pipelines' arrive counts derive from
+    it (`pipeline_arrive_counts`), and `check` runs where a kernel is made (a mismatch would hang a B200)."""
+    epilogue_warps: Tuple[int, ...] = (0, 1, 2, 3)  # TMEM -> registers -> shared memory -> TMA store
+    mma_warp: int = 4  # scale factors to TMEM, tcgen05.mma (one thread; a pair's leader only)
+    tma_warp: int = 5  # A', B', SFA', SFB' into the shared-memory stages
+    epilogue_barrier: int = 1  # the epilogue warps among themselves
+    tmem_alloc_barrier: int = 2  # the epilogue warps and the MMA warp: the TMEM address published
+
+    @property
+    def threads(self) -> int:
+        return 32 * (len(self.epilogue_warps) + 2)
+
+    @property
+    def epilogue_threads(self) -> int:
+        """The epilogue barrier's threads, the c pipeline's producers."""
+        return 32 * len(self.epilogue_warps)
+
+    @property
+    def acc_consumer_arrives(self) -> int:
+        """Arrivals that free an accumulator stage, per CTA: one elected thread per epilogue warp."""
+        return len(self.epilogue_warps)
+
+    def check(self) -> None:
+        """ValueError where the roles contradict the kernel's assumptions."""
+        def require(ok: bool, what: str) -> None:
+            if not ok:
+                raise ValueError(f"B200 warp roles {self}: {what}")
+        require(sorted((*self.epilogue_warps, self.mma_warp, self.tma_warp)) == list(range(self.threads // 32)),
+                "each warp has one role")
+        # tcgen05.ld: warp w reads TMEM lanes 32 (w % 4) .. + 31: four epilogue warps must cover w % 4 = 0..3
+        require(sorted(w % 4 for w in self.epilogue_warps) == [0, 1, 2, 3], "the epilogue warps cover TMEM's lanes")
+        require(self.mma_warp > max(self.epilogue_warps) < self.tma_warp,
+                "the kernel dispatches the epilogue as warp_idx < mma_warp")
+        require(len({0, self.epilogue_barrier, self.tmem_alloc_barrier}) == 3, "named barriers are distinct")
+
+
+SM100_ROLES = Sm100WarpRoles()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -634,20 +655,20 @@ class PipelineArrives(NamedTuple):
     acc_consumers: int
 
 
-def pipeline_arrive_counts(config: TileConfig) -> PipelineArrives:
+def pipeline_arrive_counts(config: TileConfig, roles: Sm100WarpRoles = SM100_ROLES) -> PipelineArrives:
     """ab: one tcgen05.commit per stage by the MMA warp (a pair's leader's reaches both CTAs' barriers; A' and
     B' are multicast to no CTA beyond the pair: 1 + 1 - 1); acc: one elected thread per epilogue warp of each
     CTA that reads the accumulator (both of a pair: each releases its half to the leader)."""
-    return PipelineArrives(1, ACC_CONSUMER_ARRIVES * config.cta_group)
+    return PipelineArrives(1, roles.acc_consumer_arrives * config.cta_group)
 
 
-def check_cluster_arrives(config: TileConfig, cluster_vmnk) -> None:
+def check_cluster_arrives(config: TileConfig, cluster_vmnk, roles: Sm100WarpRoles = SM100_ROLES) -> None:
     """The ab pipeline's consumer count against the CTAs its loads reach along M and N (trace time: a mismatch
     would hang a B200)."""
     reach = cute.size(cluster_vmnk, mode=[1]) + cute.size(cluster_vmnk, mode=[2]) - 1
-    if pipeline_arrive_counts(config).ab_consumers != reach or cute.size(cluster_vmnk, mode=[0]) != config.cta_group:
-        raise ValueError(f"{config.name}: ab consumers {pipeline_arrive_counts(config).ab_consumers}, cluster "
-                         f"{cluster_vmnk} (loads reach {reach} CTAs)")
+    consumers = pipeline_arrive_counts(config, roles).ab_consumers
+    if consumers != reach or cute.size(cluster_vmnk, mode=[0]) != config.cta_group:
+        raise ValueError(f"{config.name}: ab consumers {consumers}, cluster {cluster_vmnk} (loads reach {reach} CTAs)")
 
 
 class CtaPair(NamedTuple):
@@ -681,8 +702,9 @@ class CtaPair(NamedTuple):
 class Sm100GroupedGemmKernel:
     """Persistent warp-specialized grouped NVFP4 GEMM (roles, pipelines, stages, TMEM: the module docstring)."""
 
-    def __init__(self, config: TileConfig):
-        check_sm100_warp_roles()
+    def __init__(self, config: TileConfig, roles: Sm100WarpRoles = SM100_ROLES):
+        roles.check()
+        self.roles = roles
         if config.cta_group not in (1, 2) or config.tile_m != 128 * config.cta_group:
             raise ValueError(f"{config.name}: an MMA spans 128 rows of M' per CTA (cta_group {config.cta_group}, "
                              f"tile_m {config.tile_m})")
@@ -745,7 +767,6 @@ class Sm100GroupedGemmKernel:
         MMA. 1 CTA: (1, 1, 1, 1) both; a pair: ((2), 1, 1, 1) and ((1), 2, 1, 1) (SFB' multicast along M)."""
         cluster = cute.make_layout((*self.cluster_shape_mn, 1))
         cluster_vmnk = cute.tiled_divide(cluster, (tiled_mma.thr_id.shape,))
-        check_cluster_arrives(self.config, cluster_vmnk)
         return cluster_vmnk, cute.tiled_divide(cluster, (tiled_mma_sfb.thr_id.shape,))
 
     def make_tma_atoms(self):
@@ -847,7 +868,7 @@ class Sm100GroupedGemmKernel:
             tma_sfb, tma_atom_c, tma_c, problem_sizes, tensormaps, total_tiles, plan_ready,
             self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
             self.sfb_smem_layout_staged, self.c_smem_layout_staged, self.epi_tile,
-        ).launch(grid=(cluster[0], 1, num_ctas), block=[THREADS_PER_CTA, 1, 1], cluster=cluster,
+        ).launch(grid=(cluster[0], 1, num_ctas), block=[self.roles.threads, 1, 1], cluster=cluster,
                  smem=self.smem_bytes, stream=stream, use_pdl=self.config.pdl)
 
     # ---- Device side: the dispatcher --------------------------------------------------------------------------------
@@ -875,45 +896,69 @@ class Sm100GroupedGemmKernel:
         cluster_vmnk, _ = self.cluster_layouts(tiled_mma, tiled_mma_sfb)
         pair = CtaPair.create(self.two_cta, storage.tmem_dealloc_mbar.data_ptr())
         if cutlass.const_expr(self.two_cta):
-            if warp_idx == TMA_WARP:  # before the pipelines' cluster-wide sync publishes the barriers
+            if warp_idx == self.roles.tma_warp:  # before the pipelines' cluster-wide sync publishes the barriers
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_init(pair.tmem_dealloc_mbar, 32)  # the peer's epilogue warp 0
-        thread = pipeline.Agent.Thread
-        arrives = pipeline_arrive_counts(self.config)
-        # A pair: the leader's producer expects both CTAs' bytes (its barrier takes the pair's 2-SM loads)
-        ab_pipeline = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.num_ab_stages,
-            tx_count=self.stage_bytes * self.config.cta_group, producer_group=pipeline.CooperativeGroup(thread),
-            consumer_group=pipeline.CooperativeGroup(thread, arrives.ab_consumers), cta_layout_vmnk=cluster_vmnk)
-        acc_pipeline = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=storage.acc_mbar.data_ptr(), num_stages=self.num_acc_stages,
-            producer_group=pipeline.CooperativeGroup(thread),
-            consumer_group=pipeline.CooperativeGroup(thread, arrives.acc_consumers), cta_layout_vmnk=cluster_vmnk)
+        ab_pipeline = self.make_ab_pipeline(storage.ab_mbar.data_ptr(), cluster_vmnk)
+        acc_pipeline = self.make_acc_pipeline(storage.acc_mbar.data_ptr(), cluster_vmnk)
         # The groups' descriptors: slots 0-3 the producer's, slot 4 the epilogue's
         producer_maps = GroupTensormaps(tensormaps, 0, 4)
         epilogue_maps = GroupTensormaps(tensormaps, 4, 1)
         # (MMA, MMA_M, MMA_N, ACC_STAGE) accumulator layout, address known after allocation
         acc_shape = tiled_mma.partition_shape_C(self.tile_mnk[:2])
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stages))
-        tmem_alloc_barrier = pipeline.NamedBarrier(
-            barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=EPILOGUE_THREADS + 32)
+        tmem_alloc_barrier = self.make_tmem_alloc_barrier()
 
         # every role walks the same tiles, each with its own copy of this state
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
-        if warp_idx == TMA_WARP:
+        if warp_idx == self.roles.tma_warp:
             self.tma_producer(smem, ab_pipeline, scheduler, producer_maps, plan_ready, (tiled_mma, tiled_mma_sfb),
                               pair, (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), mA_mkl, mB_nkl, mSFA_mkl,
                               mSFB_nkl)
-        if warp_idx == MMA_WARP:
+        if warp_idx == self.roles.mma_warp:
             if pair.is_leader:  # a pair's MMAs are the leader's
                 self.mma_issuer(layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma,
                                 tCtAcc_fake, tmem_alloc_barrier)
             else:
                 tmem_alloc_barrier.arrive_and_wait()
-        if warp_idx < MMA_WARP:
+        if warp_idx < self.roles.mma_warp:
             self.epilogue(layouts, smem, acc_pipeline, scheduler, epilogue_maps, plan_ready, tiled_mma, pair,
                           tCtAcc_fake, tmem_alloc_barrier, tma_atom_c, mC_mnl)
+
+    # ---- Pipelines: each made here, its arrive counts derived from the roles and checked ----------------------------
+    def make_ab_pipeline(self, barriers, cluster_vmnk):
+        """TMA warp -> MMA warp over the A/B/SFA/SFB stages: the producer's one arrive plus a stage's bytes (a
+        pair's leader: both CTAs', its barrier takes the pair's 2-SM loads); one tcgen05.commit frees a stage."""
+        arrives = pipeline_arrive_counts(self.config, self.roles)
+        check_cluster_arrives(self.config, cluster_vmnk, self.roles)
+        thread = pipeline.Agent.Thread
+        return pipeline.PipelineTmaUmma.create(
+            barrier_storage=barriers, num_stages=self.num_ab_stages,
+            tx_count=self.stage_bytes * self.config.cta_group, producer_group=pipeline.CooperativeGroup(thread),
+            consumer_group=pipeline.CooperativeGroup(thread, arrives.ab_consumers), cta_layout_vmnk=cluster_vmnk)
+
+    def make_acc_pipeline(self, barriers, cluster_vmnk):
+        """MMA warp -> epilogue warps over the TMEM accumulator stages: one tcgen05.commit fills a stage; one
+        elected thread per epilogue warp of each CTA reading it frees it."""
+        arrives = pipeline_arrive_counts(self.config, self.roles)
+        if arrives.acc_consumers != self.roles.acc_consumer_arrives * cute.size(cluster_vmnk, mode=[0]):
+            raise ValueError(f"{self.config.name}: acc consumers {arrives.acc_consumers}, cluster {cluster_vmnk}")
+        thread = pipeline.Agent.Thread
+        return pipeline.PipelineUmmaAsync.create(
+            barrier_storage=barriers, num_stages=self.num_acc_stages, producer_group=pipeline.CooperativeGroup(thread),
+            consumer_group=pipeline.CooperativeGroup(thread, arrives.acc_consumers), cta_layout_vmnk=cluster_vmnk)
+
+    def make_tmem_alloc_barrier(self):
+        """The epilogue warps (the first allocates TMEM) and the MMA warp: the TMEM address is published."""
+        return pipeline.NamedBarrier(barrier_id=self.roles.tmem_alloc_barrier,
+                                     num_threads=self.roles.epilogue_threads + 32)
+
+    def make_c_pipeline(self):
+        """The epilogue warps' TMA stores from the C buffers: every epilogue thread produces."""
+        return pipeline.PipelineTmaStore.create(
+            num_stages=self.num_c_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.roles.epilogue_threads))
 
     # ---- Global tensors: the TMA atoms' placeholders and each group's (the descriptor builder) ----------------------
     @cute.jit
@@ -1083,8 +1128,9 @@ class Sm100GroupedGemmKernel:
         pair: each CTA its own 128 rows)."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        epilogue_barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID, num_threads=EPILOGUE_THREADS)
-        leader = warp_idx == EPILOGUE_WARPS[0]
+        epilogue_barrier = pipeline.NamedBarrier(barrier_id=self.roles.epilogue_barrier,
+                                                 num_threads=self.roles.epilogue_threads)
+        leader = warp_idx == self.roles.epilogue_warps[0]
         if leader:
             cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding, is_two_cta=self.two_cta)
         tmem_alloc_barrier.arrive_and_wait()
@@ -1113,9 +1159,7 @@ class Sm100GroupedGemmKernel:
         # ((ATOM_V, REST_V), EPI_M, EPI_N, REST_M, REST_N, REST_L)
         bSG_sC, bSG_gC_all = cpasync.tma_partition(
             tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi, 0, 2))
-        c_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=self.num_c_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, EPILOGUE_THREADS))
+        c_pipeline = self.make_c_pipeline()
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stages)
         subtiles_done = cutlass.Int32(0)
         tensormaps.fetch_early(scheduler, plan_ready)

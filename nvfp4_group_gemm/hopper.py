@@ -73,7 +73,7 @@ Warps and pipelines (`WarpRoles`, checked at import):
       stage's transaction bytes) -> consumers (one arrive per MMA warp, lane 0,
       once the wgmma reading the stage is done; in a pair lanes 0 and 1, one
       at each CTA's barrier: `ab_consumer_arrives`)
-  TOKENS_READY_BARRIER (named): each MMA warp arrives once it claims no more
+  WarpRoles.tokens_ready_barrier (named): each MMA warp arrives once it claims no more
       token units, the producer warp waits there before polling the count
 
 Configurations (`SM90_CONFIGS`): the forms that were the fastest on at least
@@ -184,7 +184,6 @@ TOKEN_STAGING_PAD = 16
 # than three sectors of one line: the producers' polls of CONVERTED meet no claims).
 COUNTER_BYTES = 384
 CLAIMED, CONVERTED, PASSED = 0, 128, 256  # byte offsets: units claimed, units converted, CTAs past the wait
-TOKENS_READY_BARRIER = 3  # named barrier: MMA warps arrive once they claim no more units, the producer waits
 NUM_REGISTER_BUFFERS = 2  # weights' fragments: one converted while the other's wgmma runs
 MAX_AB_STAGES = 8
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
@@ -197,30 +196,33 @@ ACC_SCALE = 16384.0  # 2^14: undoes the 2^-7 of each dequantized operand
 # as rows of C (64 weight columns, 128 contiguous bytes), then stores them 16 bytes per thread.
 EPILOGUE_TOKENS = 64
 EPILOGUE_ROW_HALVES = 72  # a staged row's stride in fp16: 144 bytes, so the 4 lanes of a quad hit different banks
-EPILOGUE_BARRIER = 1  # named barriers 1 and 2: one per MMA warpgroup (0 is the CTA's)
 
 F16X2_128 = 0x58005800  # fp16 128.0 in both halves
 A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 A in registers, (m + 64 k)
 
 
 class WarpRoles(NamedTuple):
-    """Warps of the kernel: the MMA warpgroups first, then the producer
-    warpgroup, whose first warp issues the copies (the other three only give
-    their registers back)."""
+    """Warps of the kernel and its named barriers (0 is the CTA's): the MMA
+    warpgroups first, then the producer warpgroup, whose first warp issues the
+    copies (the other three only give their registers back). The ab pipeline's
+    arrive count derives from it (`ab_consumer_arrives`); `check_sm90_warp_roles`
+    runs at import."""
     consumer_warps: int  # warps 0 .. consumer_warps - 1
     producer_warp: int  # the first warp of the producer warpgroup
     threads: int
     ab_consumer_arrives: int  # PipelineTmaAsync, per CTA whose stages a load fills: one per consumer warp
-    tokens_ready_threads: int  # TOKENS_READY_BARRIER: the MMA warps (arrive) and the producer warp (sync)
+    tokens_ready_threads: int  # tokens_ready_barrier: the MMA warps (arrive) and the producer warp (sync)
     b_rows: tuple  # per MMA warpgroup: (first, count) of the tile's weight rows
     producer_registers: int  # setmaxnreg: per thread of the producer warpgroup
     consumer_registers: int  # setmaxnreg: per thread of each MMA warpgroup
+    epilogue_barrier: int  # named barriers epilogue_barrier + w: MMA warpgroup w's C staging
+    tokens_ready_barrier: int  # MMA warps arrive once they claim no more units, the producer waits
 
 
 WARP_ROLES = WarpRoles(4 * MMA_WARPGROUPS, 4 * MMA_WARPGROUPS, 128 * (MMA_WARPGROUPS + 1), 4 * MMA_WARPGROUPS,
                        32 * (4 * MMA_WARPGROUPS + 1), tuple((64 * w, 64) for w in range(MMA_WARPGROUPS)),
-                       producer_registers=40,
-                       consumer_registers=232)
+                       producer_registers=40, consumer_registers=232, epilogue_barrier=1,
+                       tokens_ready_barrier=1 + MMA_WARPGROUPS)
 
 
 def ab_consumer_arrives(config: "Sm90TileConfig") -> int:
@@ -264,7 +266,7 @@ def check_sm90_warp_roles() -> None:
     assert roles.ab_consumer_arrives == roles.consumer_warps  # every consumer warp releases its stage
     # every MMA warp arrives at the tokens' barrier, the producer warp waits there (named barriers count warps)
     assert roles.tokens_ready_threads == 32 * (roles.consumer_warps + 1)
-    assert len({0, TOKENS_READY_BARRIER, *(EPILOGUE_BARRIER + w for w in range(MMA_WARPGROUPS))}) == \
+    assert len({0, roles.tokens_ready_barrier, *(roles.epilogue_barrier + w for w in range(MMA_WARPGROUPS))}) == \
         2 + MMA_WARPGROUPS <= 16  # barrier 0 is the CTA's; all distinct
     covered = sorted(r for first, count in roles.b_rows for r in range(first, first + count))
     assert covered == list(range(WEIGHT_ROWS))  # every weight row converted once
@@ -610,13 +612,31 @@ class Sm90GroupedGemmKernel:
         self.convert_tokens = config.diagnostic is not Diagnostic.SKIP_TOKEN_CONVERSION
         self.pair = config.cta_group == 2  # a (2,1,1) cluster per tile, the token stages multicast to both
 
-    def cluster_layout(self) -> cute.Layout:
-        """(V, M, N, L) layout of a tile's CTAs: the pair side by side along the
-        weights (N), so that a token load (M side) reaches both. Checked
-        against the ab pipeline's arrive count (a mismatch would hang)."""
-        shape = (1, 1, self.config.cta_group, 1)
+    def cluster_shape(self) -> tuple:
+        """(V, M, N, L) shape of a tile's CTAs: the pair side by side along the
+        weights (N), so that a token load (M side) reaches both."""
+        return (1, 1, self.config.cta_group, 1)
+
+    def make_ab_pipeline(self, barriers):
+        """Producer warp -> MMA warps over the token and weight stages: one arrive plus a stage's bytes fills
+        a stage (a pair: the tokens come half from each CTA, every byte landing in both); it is free once
+        every MMA warp of every CTA it fills releases it (`ab_consumer_arrives`, checked here against the
+        cluster: a mismatch would hang). The pipeline's cluster-wide sync publishes the barriers before
+        either CTA's first load."""
+        shape = self.cluster_shape()
         check_ab_arrivals(self.config, shape)
-        return cute.make_layout(shape)
+        # Diagnostic.SKIP_TOKENS loads no tokens
+        skipped = (self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_TOKENS)
+                   else 0)
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers,
+            num_stages=self.num_ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ab_consumer_arrives(self.config)),
+            tx_count=self.stage_bytes() - skipped,
+            cta_layout_vmnk=cute.make_layout(shape),
+            mcast_mode_mn=(1, 1),  # which CTAs a release reaches: `check_ab_arrivals`
+        )
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
@@ -770,21 +790,7 @@ class Sm90GroupedGemmKernel:
         tidx, _, _ = cute.arch.thread_idx()
 
         storage = submission.SmemAllocator().allocate(self.shared_storage)
-        # Diagnostic.SKIP_TOKENS loads no tokens
-        skipped = (self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_TOKENS)
-                   else 0)
-        # a pair: the tokens of a stage come half from each CTA (tx_count: every byte lands in both), and a
-        # stage is free once both CTAs' MMA warps release it (the pipeline's cluster-wide sync publishes
-        # the barriers before either CTA's first load)
-        ab_pipeline = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.ab_mbar.data_ptr(),
-            num_stages=self.num_ab_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, ab_consumer_arrives(self.config)),
-            tx_count=self.stage_bytes() - skipped,
-            cta_layout_vmnk=self.cluster_layout(),
-            mcast_mode_mn=(1, 1),  # which CTAs a release reaches: `check_ab_arrivals`
-        )
+        ab_pipeline = self.make_ab_pipeline(storage.ab_mbar.data_ptr())
         producer_maps = GroupTensormaps(tensormaps, 0, SM90_TENSORMAPS)
         cute.arch.sync_threads()  # barriers initialized
 
@@ -816,7 +822,7 @@ class Sm90GroupedGemmKernel:
             if cutlass.const_expr(self.convert_tokens):
                 self.convert_token_share(tokens, units, token_staging)
                 # this warp claims no more units: the producer may count the CTA as past the conversion
-                cute.arch.barrier_arrive(barrier_id=TOKENS_READY_BARRIER,
+                cute.arch.barrier_arrive(barrier_id=self.roles.tokens_ready_barrier,
                                          number_of_threads=self.roles.tokens_ready_threads)
             self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx,
                                   rank)
@@ -865,7 +871,7 @@ class Sm90GroupedGemmKernel:
         sB = storage.b_packed.get_tensor(layouts.b_packed)
         sSFB = storage.sfb.get_tensor(layouts.sf)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES); a pair's CTA: its half of each
-        cluster_vmnk = self.cluster_layout()
+        cluster_vmnk = cute.make_layout(self.cluster_shape())
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a, rank, cute.make_layout(self.config.cta_group), cute.group_modes(sA, 0, 2),
             cute.group_modes(cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None)), 0, 2))
@@ -1113,7 +1119,7 @@ class Sm90GroupedGemmKernel:
                 col, row = tCcC[values * rows + i]
                 staging[row - EPILOGUE_TOKENS * rows, col - 64 * wg] = (
                     acc[values * rows + i] * ACC_SCALE).to(cutlass.Float16)
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=128)
+            cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)
             for r in cutlass.range_constexpr(pieces):
                 piece = wg_tidx + 128 * r
                 token = piece // 8
@@ -1128,7 +1134,7 @@ class Sm90GroupedGemmKernel:
                         cute.make_ptr(cutlass.Uint32, address + (cutlass.Int64(row) * n + col) * 2,
                                       cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
                     cute.autovec_copy(src, dst)
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=128)  # staging free again
+            cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)  # staging free again
 
     # -------------------------------------------------------------------------
     # The tokens: converted once per call by the MMA warps of all CTAs
@@ -1270,10 +1276,10 @@ class Sm90GroupedGemmKernel:
     @cute.jit
     def wait_for_tokens(self, tokens: TokenWork, units):
         """The producer's wait before its first token load: this CTA's MMA warps
-        have claimed their last units (TOKENS_READY_BARRIER), then every unit
+        have claimed their last units (WarpRoles.tokens_ready_barrier), then every unit
         is converted (CONVERTED, acquire), then the proxy fence that orders
         those generic stores before this thread's TMA reads."""
-        cute.arch.barrier(barrier_id=TOKENS_READY_BARRIER, number_of_threads=self.roles.tokens_ready_threads)
+        cute.arch.barrier(barrier_id=self.roles.tokens_ready_barrier, number_of_threads=self.roles.tokens_ready_threads)
         counters = counters_address(tokens.tensormaps, tokens.num_groups)
         converted = load_acquire(counters + CONVERTED)
         while converted < units:

@@ -5,6 +5,7 @@ Each kernel is compiled in a fresh interpreter (`eval.py compile`), because CuTe
 DSL takes its target from CUTE_DSL_ARCH. Set NVFP4_EXTRA_CUTLASS_DSL to a folder
 holding another nvidia-cutlass-dsl release (`pip install --target`; `.ci/run`
 does this for 4.5.2) to compile under that release too."""
+import dataclasses
 import inspect
 import json
 import math
@@ -138,7 +139,7 @@ def test_ptx_has_the_designed_instructions(report, config):
     # scale factors copied shared -> tensor memory; accumulator read back from TMEM
     assert "tcgen05.cp.cta_group::1" in ptx and "tcgen05.ld.sync" in ptx
     # the warp roles: 4 epilogue + MMA + TMA warps
-    assert re.search(r"\.reqntid (\d+), 1, 1", ptx)[1] == str(submission.THREADS_PER_CTA) == "192"
+    assert re.search(r"\.reqntid (\d+), 1, 1", ptx)[1] == str(submission.SM100_ROLES.threads) == "192"
     assert kernel["ptx_features"]["threads_per_cta"] == 192
 
 
@@ -300,7 +301,7 @@ def test_two_cta_configurations_compile_but_the_model_never_offers_them():
             submission.TileConfig(config.tile_m, config.tile_n))  # each CTA holds half the rows
         kernel = config.make_kernel()
         assert kernel.cta_tile_mnk == (128, config.tile_n, config.tile_mnk[2])
-        assert submission.pipeline_arrive_counts(config) == (1, 2 * len(submission.EPILOGUE_WARPS))
+        assert submission.pipeline_arrive_counts(config) == (1, 2 * len(submission.SM100_ROLES.epilogue_warps))
     for bad in (submission.TileConfig(256, 128), submission.TileConfig(128, 128, cta_group=2),
                 submission.TileConfig(384, 128, cta_group=3)):
         with pytest.raises(ValueError, match="128 rows of M' per CTA"):
@@ -566,3 +567,19 @@ def test_before_their_waits_the_kernels_read_only_the_plans_tables(report):
                 assert params and params <= allowed, (
                     f"{kernel['config']}: {instruction} ({'before' if before else 'after'} the wait) reads from "
                     f"parameters {sorted(map(str, params))}, not only the plan's tables {sorted(allowed)}")
+
+
+def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():
+    """Roles are one frozen value; the arrive counts derive from it, and a kernel refuses roles that would hang."""
+    roles = submission.SM100_ROLES
+    assert roles.threads == 192 and roles.epilogue_threads == 128 and roles.acc_consumer_arrives == 4
+    for config in (submission.TILE_CONFIGS["128x128"], submission.PAIR_CONFIGS["2cta-256x256"]):
+        assert submission.pipeline_arrive_counts(config, roles).acc_consumers == 4 * config.cta_group
+    for bad, why in ((dataclasses.replace(roles, mma_warp=3), "each warp has one role"),
+                     (dataclasses.replace(roles, epilogue_warps=(0, 1, 2, 4), mma_warp=3),
+                      "the epilogue warps cover TMEM's lanes"),
+                     (dataclasses.replace(roles, epilogue_warps=(1, 2, 3, 4), mma_warp=0, tma_warp=5),
+                      "dispatches the epilogue"),
+                     (dataclasses.replace(roles, tmem_alloc_barrier=1), "named barriers are distinct")):
+        with pytest.raises(ValueError, match=why):
+            submission.Sm100GroupedGemmKernel(submission.TILE_CONFIGS["128x128"], bad)

@@ -109,7 +109,7 @@ def test_ptx_has_the_designed_instructions(report, name):
     # the last CTA sets the three counters back to zero
     producer, mma = gemm[:gemm.rindex("griddepcontrol.wait")], gemm[gemm.rindex("griddepcontrol.wait"):]
     # (DSL 4.5.2 puts a named barrier's id and count in registers; 4.8.1 writes them out)
-    tokens_barrier = rf"(?:{hopper.TOKENS_READY_BARRIER}|%r\d+), (?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);"
+    tokens_barrier = rf"(?:{hopper.WARP_ROLES.tokens_ready_barrier}|%r\d+), (?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);"
     assert len(re.findall(r"atom\.relaxed\.gpu\.global\.add\.u32", mma)) >= 1
     assert len(re.findall(r"red\.release\.gpu\.global\.add\.u32", mma)) == 1
     assert re.search(rf"fence\.proxy\.async;(?:(?!st\.global|ld\.shared|st\.shared).)*red\.release", mma, re.S)
@@ -511,7 +511,7 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     skipped = by_what["skip-token-conversion"]
     for pattern in (r"\batom\.", r"\bred\.", r"ld\.acquire", r"st\.relaxed", r"fence\.proxy\.async\.global",
                     r"fence\.proxy\.async;",
-                    rf"bar\.arrive\s+{hopper.TOKENS_READY_BARRIER},"):
+                    rf"bar\.arrive\s+{hopper.WARP_ROLES.tokens_ready_barrier},"):
         assert count(pattern, base) > 0 == count(pattern, skipped), pattern
     assert 0 < count(conversion, skipped) < count(conversion, base)
     assert config_setting_names() == set(hopper.SM90_CONFIGS) | {hopper.SM90_NO_PDL.tile_name}
