@@ -1,0 +1,254 @@
+"""The Hopper (sm_90a) kernel's compile and PTX checks: it compiles on the CPU for every task shape without
+spills or serialized wgmma, and its PTX has the designed instructions (every form, every timing diagnostic)."""
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
+from test_compile import DSL_INSTALLS, env_for
+
+from nvfp4_group_gemm import compile_gate
+
+hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
+
+_reports = {}
+
+
+@pytest.fixture(params=DSL_INSTALLS)
+def report(request, tmp_path_factory):
+    """`eval.py compile --arch sm_90a --json` under one DSL install, once per session."""
+    if request.param not in _reports:
+        out = tmp_path_factory.mktemp(f"hopper-{request.param}")
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "eval.py", "compile", "--arch", "sm_90a", "--json",
+             str(out / "r.json"), "--keep", str(out / "ptx")],
+            cwd=ROOT, env=env_for(request.param), capture_output=True, text=True, timeout=1800)
+        report = json.loads((out / "r.json").read_text()) if (out / "r.json").exists() else None
+        _reports[request.param] = (done, report)
+    done, report = _reports[request.param]
+    kernels = report["kernels"] if report else []
+    if kernels and all("PtxasTooOld" in k.get("error", "") for k in kernels):
+        pytest.skip(f"the PTX is newer than this machine's ptxas: {kernels[0]['error']}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return report
+
+
+def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
+    # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either)
+    assert [k["config"] for k in report["kernels"]] == [n for name in hopper.SM90_CONFIGS
+                                                        for n in (name, f"{name}/contiguous")]
+    for kernel in report["kernels"]:
+        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        assert kernel["ok"], kernel
+        assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
+        assert kernel["wgmma_serialized"] is False  # ptxas overlaps the wgmma with what follows
+        # one CTA fits an SM: registers and shared memory
+        assert 0 < kernel["registers"] <= hopper.register_budget() == kernel["register_budget"]
+        assert 0 < kernel["dynamic_smem_bytes"] <= hopper.SMEM_CAPACITY
+        assert kernel["tile_k"] == config.tile_k
+        assert kernel["direct_host_arguments"] is True
+        # one entry point: the GEMM, whose MMA warps convert the tokens
+        assert kernel["kernels"] == 1
+    expected = [[[m, n, k, 1] for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])]
+                for c in TEST_CASES + BENCHMARK_CASES]
+    plans = report["shape_sets"]
+    assert [p["problem_sizes"] for p in plans[:14]] == expected
+    # custom_kernel's choice (sm90_choice): benchmark 0 takes the narrow pair, benchmark 1 the 192-token pair,
+    # every shape set its schedule
+    assert all(p["config"] == hopper.sm90_choice(tuple(map(tuple, p["problem_sizes"])), 132).name
+               and p["tiles"] >= 1 for p in plans)
+    assert plans[10]["config"] == "sm90-128x256-k128-wr-pair-narrow/by-m"
+    assert plans[11]["config"] == "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m"
+    assert {p["config"].split("/")[1] for p in plans} == {"round-robin", "by-m", "contiguous+balanced+by-m"}
+    assert {p["kernel"] for p in plans} <= {k["config"] for k in report["kernels"]}
+
+
+@pytest.mark.parametrize("name", list(hopper.SM90_CONFIGS))
+def test_ptx_has_the_designed_instructions(report, name):
+    (kernel,) = [k for k in report["kernels"] if k["config"] == name]
+    config = hopper.SM90_CONFIGS[name]
+    with open(kernel["ptx_file"]) as f:
+        ptx = f.read()
+    features = kernel["ptx_features"]
+    # fp16 wgmma, fp32 accumulators, wgmma's N = the tile's tokens: one per 16-wide K block of a
+    # stage, for each of the two register buffers (stages come in pairs); A (the weights) from registers
+    wgmma = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_m}k16\.f32\.f16\.f16[^;]*", ptx)
+    assert len(wgmma) == hopper.NUM_REGISTER_BUFFERS * config.tile_k // 16
+    assert all(re.search(r"\},\s*\{", w) for w in wgmma), wgmma[0]
+    # fp16 tokens by TMA in 128-byte swizzle boxes (one copy per 64 K) and packed B through
+    # per-CTA descriptors; SFB by bulk copy
+    designed = config.tile_k // 64 + 1
+    # Each stage's loads appear twice: in the producer's K loop, and split around its wait for the
+    # converted tokens (the first stages' weights, B and SFB, before it; their tokens after it). DSL 4.5.2
+    # unrolls the loops despite unroll=1 (its PTX repeats a body with k_tile + 1, + 2, ...), so there the
+    # loads only keep their proportion; 4.8.1 emits one body each.
+    bodies = 2 if kernel["cutlass_dsl"].startswith("4.8") else features["bulk_copy_load"]
+    assert bodies >= 2
+    assert features["tma_load"] == designed * bodies
+    assert features["bulk_copy_load"] == bodies
+    (gemm,) = re.split(r"\.entry\s", ptx)[1:]
+    # programmatic dependent launch: the producer and the MMA warps read nothing of the inputs before their
+    # griddepcontrol.wait; the producer releases the next kernel after its last loads
+    assert features["pdl_launch_dependents"] == 1 and features["pdl_wait"] == 2
+    before_wait = gemm[:gemm.index("griddepcontrol.wait")]  # the producer's wait comes first
+    assert not re.search(compile_gate.PTX_FEATURES["tma_load"], before_wait)
+    assert not re.search(compile_gate.PTX_FEATURES["bulk_copy_load"], before_wait)
+    # the token conversion: MMA warps claim units (relaxed atomics), store them 16 bytes at a time, fence
+    # them for the async proxy (every state space: the scratch, and the staged rows that token loads will
+    # overwrite) and count them (release); the producer waits at the tokens' barrier for its
+    # CTA's MMA warps, polls the count (acquire), fences, then loads tokens; it counts its CTA as past, and
+    # the last CTA sets the three counters back to zero
+    producer, mma = gemm[:gemm.rindex("griddepcontrol.wait")], gemm[gemm.rindex("griddepcontrol.wait"):]
+    # (DSL 4.5.2 puts a named barrier's id and count in registers; 4.8.1 writes them out)
+    tokens_barrier = rf"(?:{hopper.WARP_ROLES.tokens_ready_barrier}|%r\d+), (?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);"
+    assert len(re.findall(r"atom\.relaxed\.gpu\.global\.add\.u32", mma)) >= 1
+    assert len(re.findall(r"red\.release\.gpu\.global\.add\.u32", mma)) == 1
+    assert re.search(rf"fence\.proxy\.async;(?:(?!st\.global|ld\.shared|st\.shared).)*red\.release", mma, re.S)
+    assert "fence.proxy.async.global;" not in mma
+    assert len(re.findall(rf"bar\.arrive\s+{tokens_barrier}", mma)) == 1
+    conversion = mma[mma.index("atom.relaxed.gpu"):mma.index("bar.arrive")]
+    # each lane's units: tile_k fp16 each, staged in shared memory and stored to the scratch 16 bytes per
+    # lane and instruction (`staged_chunk`), both as many as the lane's bytes / 16
+    per_lane = hopper.TOKEN_UNITS_PER_LANE * config.tile_k * 2 // 16
+    assert len(re.findall(r"st\.shared\.v4", conversion)) == per_lane
+    assert len(re.findall(r"ld\.shared\.v4", conversion)) == per_lane
+    assert len(re.findall(r"st\.global\.v4", conversion)) == per_lane
+    assert conversion.rindex("st.shared.v4") < conversion.index("bar.warp.sync") < conversion.index("ld.shared.v4")
+    # the MMA warps' staging fits the token stages (the compile checks it too)
+    staging = hopper.WARP_ROLES.consumer_warps * config.make_kernel().token_staging_bytes()
+    assert staging <= kernel["stages_ab"] * config.tile_m * config.tile_k * 2
+    tokens_wait = re.search(rf"bar\.sync\s+{tokens_barrier}(.*?)"
+                            r"fence\.proxy\.async\.global;(.*)", producer, re.S)
+    assert tokens_wait and "ld.acquire.gpu.global.u32" in tokens_wait.group(1)
+    assert re.search(compile_gate.PTX_FEATURES["tma_load"], tokens_wait.group(2))  # the tokens' loads follow
+    assert len(re.findall(r"atom\.acq_rel\.gpu\.global\.add\.u32", producer)) == 1
+    assert len(re.findall(r"st\.relaxed\.gpu\.global\.u32", producer)) == 3
+    # descriptors built once per input (the builder), only acquired and prefetched in the GEMM:
+    # the first group's by the producer before its wait (plan ready) and after it, then a tile ahead
+    assert features["tensormap_replace"] == features["tensormap_release"] == 0
+    assert features["tensormap_acquire"] == features["tensormap_prefetch"] == 3 * hopper.SM90_TENSORMAPS
+    assert features["acquires_before_waits"] == [hopper.SM90_TENSORMAPS, 0]  # producer, MMA warps
+    built = kernel["builder_ptx_features"]
+    assert built["tensormap_replace"] > 0 and built["tensormap_release"] == hopper.SM90_TENSORMAPS
+    assert built["pdl_wait"] == 1 and kernel["builder_spill_bytes"] == 0
+    # the builder zeroes the plan's three token counters after its wait
+    with open(kernel["builder_ptx_file"]) as f:
+        builder = f.read()
+    assert len(re.findall(r"st\.relaxed\.gpu\.global\.u32", builder[builder.index("griddepcontrol.wait"):])) == 3
+    # E4M3 scales converted in pairs; no thread writes an fp16 operand to shared memory (16-byte shared
+    # stores only in the token conversion's staging); the weights read with 8-byte loads
+    assert features["e4m3_to_f16x2"] >= 1
+    assert len(re.findall(r"st\.shared\.v4", ptx)) == per_lane
+    assert len(re.findall(r"ld\.shared\.(?:u64|b64|v2\.u32)", ptx)) >= 2
+    assert features["threads_per_cta"] == hopper.WARP_ROLES.threads == 32 * 12
+    # registers move from the producer warpgroup to the MMA warpgroups (setmaxnreg)
+    assert re.findall(r"setmaxnreg\.(dec|inc)\.sync\.aligned\.u32\s+(\d+)", ptx) == [
+        ("dec", str(hopper.WARP_ROLES.producer_registers)), ("inc", str(hopper.WARP_ROLES.consumer_registers))]
+
+
+def test_a_pairs_token_loads_reach_both_ctas_and_each_stage_waits_for_both(report):
+    """The pair's PTX: a (2,1,1) cluster; token stages by multicast TMA (each CTA its half: one copy per
+    64 K, as alone), weights by plain TMA; each MMA warp releases a stage at both CTAs' barriers; the
+    barriers are published cluster-wide before the first load and neither CTA leaves before the other is
+    done. The single-CTA forms have none of it."""
+    for kernel in report["kernels"]:
+        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        with open(kernel["ptx_file"]) as f:
+            ptx = f.read()
+        multicast = re.findall(r"cp\.async\.bulk\.tensor\.2d\.[^;]*multicast::cluster[^;]*;", ptx)
+        # (DSL 4.5.2 writes "mbarrier.arrive.release.cta.shared::cluster", 4.8.1 "mbarrier.arrive.shared::cluster")
+        remote_arrives = re.findall(r"mbarrier\.arrive(?:\.release\.cta)?\.shared::cluster\.b64", ptx)
+        cluster_barriers = re.findall(r"barrier\.cluster\.(arrive(?:\.relaxed)?|wait)", ptx)
+        if config.cta_group == 1:
+            assert kernel["cluster"] == [1, 1, 1] and not multicast and not remote_arrives and not cluster_barriers
+            continue
+        assert kernel["cluster"] == [2, 1, 1]
+        tma = kernel["ptx_features"]["tma_load"]
+        bodies = kernel["ptx_features"]["bulk_copy_load"]  # see test_ptx_has_the_designed_instructions
+        assert len(multicast) == config.tile_k // 64 * bodies and tma == len(multicast) + bodies
+        assert len(remote_arrives) >= 1
+        assert cluster_barriers[:2] == ["arrive.relaxed", "wait"] and cluster_barriers[-2:] == ["arrive", "wait"]
+        (gemm,) = re.split(r"\.entry\s", ptx)[1:]
+        assert gemm.index("barrier.cluster.wait") < gemm.index("griddepcontrol.wait")
+
+
+def test_a_narrow_form_multiplies_narrow_tiles_by_half_width_wgmma(report):
+    """Its PTX has a second mainloop whose wgmma has N = narrow_tokens (the stage's first token rows), as many
+    as the wide one's; the other forms have one width only."""
+    for kernel in report["kernels"]:
+        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        with open(kernel["ptx_file"]) as f:
+            ptx = f.read()
+        widths = sorted({int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)})
+        expected = sorted({config.tile_m, config.narrow_tokens} - {0})
+        assert widths == expected, kernel["config"]
+        if config.narrow_tokens:
+            narrow = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.narrow_tokens}k16", ptx)
+            assert len(narrow) == hopper.NUM_REGISTER_BUFFERS * config.tile_k // 16
+
+
+def _kernel_ptx(configs, dump_dir) -> dict:
+    """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
+    process (the DSL takes its target at first use), files kept in `dump_dir`."""
+    script = ("import sys, json\nfrom nvfp4_group_gemm import compile_gate, hopper, submission\n"
+              "configs = {c.name: c for c in hopper.SM90_DIAGNOSTICS + tuple(hopper.SM90_CONFIGS.values())}\n"
+              "out = {}\n"
+              "for name in sys.argv[1:]:\n"
+              "    kernel = configs[name].make_kernel()\n"
+              "    out[name] = compile_gate.ptx_text(submission.compile_with_placeholders(kernel))\n"
+              "    assert kernel.smem_bytes <= hopper.SMEM_CAPACITY\n"
+              "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800,
+                          env=dict(env_for("installed"), CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
+                                   CUTE_DSL_DUMP_DIR=str(dump_dir)))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
+    """`eval.py sweep --diagnose` variants (timing only; each Diagnostic gives wrong results by design; the
+    no-pdl form is exact): each is the default form with one part left out or moved, and its PTX shows it
+    (no-pdl's part is a launch attribute)."""
+    assert [c.diagnostic for c in hopper.SM90_DIAGNOSTICS] == list(hopper.Diagnostic) + [None]
+    assert all(dataclasses.replace(c, diagnostic=None, pdl=True) == hopper.SM90_CONFIG
+               for c in hopper.SM90_DIAGNOSTICS)
+    assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
+    ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS, tmp_path)
+    base = ptx.pop(hopper.SM90_CONFIG.name)
+    count = lambda pattern, text: len(re.findall(pattern, text))
+    by_what = {c.diagnostic.value if c.diagnostic else "no-pdl": ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
+    # no-pdl (exact results): the same device code, launched without programmatic dependent launch (host side)
+    assert by_what.pop("no-pdl") == base
+    for what, text in by_what.items():
+        assert text != base, what
+    conversion = r"mul\.rn\.f16x2"
+    # skip-convert: the weights' conversion goes (the tokens' stays)
+    assert 0 < count(conversion, by_what["skip-convert"]) < count(conversion, base)
+    # skip-mma: no wgmma
+    assert count(r"wgmma\.mma_async", base) > 0 == count(r"wgmma\.mma_async", by_what["skip-mma"])
+    # skip-tokens: packed B's TMA loads only (the first stages', then the K loop's)
+    tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
+    assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
+    # skip-epilogue: the MMA warps stage and store no C (the token conversion's vector stores stay)
+    assert count(r"st\.shared\.b16", base) > 0 == count(r"st\.shared\.b16", by_what["skip-epilogue"])
+    assert count(r"st\.global\.v4", base) > count(r"st\.global\.v4", by_what["skip-epilogue"]) > 0
+    # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier; the weights' conversion stays
+    skipped = by_what["skip-token-conversion"]
+    for pattern in (r"\batom\.", r"\bred\.", r"ld\.acquire", r"st\.relaxed", r"fence\.proxy\.async\.global",
+                    r"fence\.proxy\.async;",
+                    rf"bar\.arrive\s+{hopper.WARP_ROLES.tokens_ready_barrier},"):
+        assert count(pattern, base) > 0 == count(pattern, skipped), pattern
+    assert 0 < count(conversion, skipped) < count(conversion, base)
+
+
+def test_the_compile_gate_fails_a_kernel_whose_wgmma_ptxas_serializes():
+    line = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+            "due to insufficient register resources for the function 'kernel'")
+    assert compile_gate.PTXAS_WGMMA_SERIALIZED.search(line)
+    assert not compile_gate.PTXAS_WGMMA_SERIALIZED.search("ptxas info    : Used 159 registers, used 1 barriers")
