@@ -211,6 +211,11 @@ def test_the_sample_trace_records_gc_pauses_inside_a_sample_only_when_asked(tmp_
     assert all(line["host_ms"] >= 0 for line in lines)
     assert all(line["allocator"] == {} for line in lines)  # no CUDA here: no allocator call moved
     assert gc.callbacks.count(trace._on_gc) == 0  # removed after each sample
+    # scripts/sample_trace.py reads it: the median, the first samples, the stalls
+    done = subprocess.run([sys.executable, "scripts/sample_trace.py", str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "2 samples, median 21.50 us/call" in done.stdout and "sample   1:      21.50 us/call" in done.stdout
 
 
 def test_the_b200_sweep_runs_end_to_end_with_stand_ins(monkeypatch, capsys):

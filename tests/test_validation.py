@@ -45,76 +45,44 @@ def test_not_a_four_tuple():
     rejects(fresh()[:3], "abc_tensors, sfasfb_tensors")
 
 
-def test_wrong_dtype():
+def column_major(c):
+    return c[:, :, 0].t().contiguous().t().unsqueeze(-1)  # column-major C, same shape
+
+
+def misaligned(c):
+    m, n, _ = c.shape
+    return torch.zeros(m * n + 1, dtype=torch.float16)[1:].view(m, n, 1)  # 2 bytes past an aligned address
+
+
+# (what is wrong, how to make it from a valid input (abc, sf, sf_r, sizes: lists to edit), what the error names)
+MALFORMED = [
+    ("wrong dtype", lambda abc, sf, sf_r, sizes: abc[1].__setitem__(2, abc[1][2].float()),
+     ("group 1", "c has dtype torch.float32", "float16")),
+    ("tensors made for another K", lambda abc, sf, sf_r, sizes: sizes.__setitem__(2, (129, 384, 512, 1)),
+     ("group 2", "a has shape", "(129, 256, 1)")),
+    ("wrong scale factor shape", lambda abc, sf, sf_r, sizes: sf_r[1].__setitem__(1, sf_r[0][1]),
+     ("group 1", "sfb_reordered has shape")),
+    ("L not 1", lambda abc, sf, sf_r, sizes: sizes.__setitem__(0, (64, 128, 256, 2)), ("group 0", "L=2")),
+    ("K not a multiple of 256", lambda abc, sf, sf_r, sizes: sizes.__setitem__(1, (40, 256, 384, 1)),
+     ("group 1", "K=384", "256")),
+    ("N not a multiple of 128", lambda abc, sf, sf_r, sizes: sizes.__setitem__(1, (40, 200, 512, 1)),
+     ("group 1", "N=200")),
+    ("M zero", lambda abc, sf, sf_r, sizes: sizes.__setitem__(0, (0, 128, 256, 1)), ("group 0", "M=0")),
+    ("sizes not ints", lambda abc, sf, sf_r, sizes: sizes.__setitem__(2, (129.0, 384, 256, 1)),
+     ("group 2", "four ints")),
+    ("C not in the expected layout", lambda abc, sf, sf_r, sizes: abc[1].__setitem__(2, column_major(abc[1][2])),
+     ("group 1", "c has strides")),
+    ("scale factors not in the blocked layout",
+     lambda abc, sf, sf_r, sizes: sf_r[0].__setitem__(0, sf_r[0][0].contiguous()),  # right shape, row-major
+     ("group 0", "sfa_reordered has strides")),
+    ("misaligned pointer", lambda abc, sf, sf_r, sizes: abc[0].__setitem__(2, misaligned(abc[0][2])),
+     ("group 0", "c is not 16-byte aligned")),
+    ("not a tensor", lambda abc, sf, sf_r, sizes: abc[2].__setitem__(0, [[0]]), ("group 2", "a is list")),
+]
+
+
+@pytest.mark.parametrize("what,spoil,fragments", MALFORMED, ids=[case[0] for case in MALFORMED])
+def test_malformed_input_is_refused_naming_group_and_problem(what, spoil, fragments):
     abc, sf, sf_r, sizes = mutable(fresh())
-    abc[1][2] = abc[1][2].float()
-    rejects((abc, sf, sf_r, sizes), "group 1", "c has dtype torch.float32", "float16")
-
-
-def test_wrong_shape_for_the_stated_sizes():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sizes[2] = (129, 384, 512, 1)  # K stated 512, tensors made for 256
-    rejects((abc, sf, sf_r, sizes), "group 2", "a has shape", "(129, 256, 1)")
-
-
-def test_wrong_scale_factor_shape():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sf_r[1][1] = sf_r[0][1]
-    rejects((abc, sf, sf_r, sizes), "group 1", "sfb_reordered has shape")
-
-
-def test_l_not_one():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sizes[0] = (64, 128, 256, 2)
-    rejects((abc, sf, sf_r, sizes), "group 0", "L=2")
-
-
-def test_k_not_a_multiple_of_256():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sizes[1] = (40, 256, 384, 1)
-    rejects((abc, sf, sf_r, sizes), "group 1", "K=384", "256")
-
-
-def test_n_not_a_multiple_of_128():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sizes[1] = (40, 200, 512, 1)
-    rejects((abc, sf, sf_r, sizes), "group 1", "N=200")
-
-
-def test_m_zero():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sizes[0] = (0, 128, 256, 1)
-    rejects((abc, sf, sf_r, sizes), "group 0", "M=0")
-
-
-def test_sizes_not_ints():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sizes[2] = (129.0, 384, 256, 1)
-    rejects((abc, sf, sf_r, sizes), "group 2", "four ints")
-
-
-def test_not_in_the_expected_layout():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    c = abc[1][2]
-    abc[1][2] = c[:, :, 0].t().contiguous().t().unsqueeze(-1)  # column-major C, same shape
-    rejects((abc, sf, sf_r, sizes), "group 1", "c has strides")
-
-
-def test_scale_factors_not_in_the_blocked_layout():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    sf_r[0][0] = sf_r[0][0].contiguous()  # right shape, plain row-major storage
-    rejects((abc, sf, sf_r, sizes), "group 0", "sfa_reordered has strides")
-
-
-def test_misaligned_pointer():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    m, n, k, _ = sizes[0]
-    storage = torch.zeros(m * n + 1, dtype=torch.float16)
-    abc[0][2] = storage[1:].view(m, n, 1)  # 2 bytes past an aligned address
-    rejects((abc, sf, sf_r, sizes), "group 0", "c is not 16-byte aligned")
-
-
-def test_not_a_tensor():
-    abc, sf, sf_r, sizes = mutable(fresh())
-    abc[2][0] = [[0]]
-    rejects((abc, sf, sf_r, sizes), "group 2", "a is list")
+    spoil(abc, sf, sf_r, sizes)
+    rejects((abc, sf, sf_r, sizes), *fragments)
