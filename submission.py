@@ -233,11 +233,40 @@ class TileConfig:
     def make_kernel(self):
         return Sm100GroupedGemmKernel(self)
 
+    plan_layout = None  # the kernel's PlanLayout (set below: the B200 kernel's is the descriptor table alone)
+
+    def scratch_bytes(self, problem_sizes) -> int:
+        """Bytes of per-input scratch a plan holds after its table and fixed regions (none here)."""
+        return 0
+
     def plan_words(self, problem_sizes) -> int:
-        """Int64 words of device memory a plan owns: its groups' descriptor table."""
-        return len(problem_sizes) * TENSORMAP_I64_PER_GROUP
+        """Int64 words of device memory a plan owns (`PlanLayout.words`)."""
+        return self.plan_layout.words(len(problem_sizes), self.scratch_bytes(problem_sizes))
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanLayout:
+    """A plan's own device memory, as the host (its size) and the kernels (their addresses) both read it: the
+    (G, 5, 16) Int64 descriptor table, then `fixed_bytes` of the kernel's own (hopper.py: its token counters),
+    then the input's scratch (hopper.py: the converted tokens). Offsets are bytes from the table's start; they
+    take host ints or device integers (the number of groups is a run-time value)."""
+    fixed_bytes: int = 0
+
+    @staticmethod
+    def table_bytes(num_groups):
+        return num_groups * (TENSORMAP_I64_PER_GROUP * 8)
+
+    def fixed_offset(self, num_groups):
+        return self.table_bytes(num_groups)
+
+    def scratch_offset(self, num_groups):
+        return self.table_bytes(num_groups) + self.fixed_bytes
+
+    def words(self, num_groups: int, scratch_bytes: int = 0) -> int:
+        return ceil_div(self.scratch_offset(num_groups) + scratch_bytes, 8)
+
+
+TileConfig.plan_layout = PlanLayout()
 TILE_CONFIGS = {c.tile_name: c for c in (TileConfig(128, 128), TileConfig(128, 256, swap_ab=True))}
 # 2-CTA configurations (a (2,1) cluster per tile): compiled and tested, never the model's choice until they have
 # run on a B200; CONFIG_POLICY may name them ("2cta-256x256/contiguous", ...)
@@ -641,6 +670,39 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups):
     return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
 
 
+class DescriptorBuilder:
+    """The descriptor builder both kernels share: a small kernel, one warp per group, that writes each group's
+    TMA descriptors into the plan's table once per input (`write_group_tensormaps`). A kernel class supplies
+    `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group)` (the
+    group's tensors, one per atom), and may add to `after_descriptors` (runs after the descriptors, once per
+    group's warp)."""
+
+    @cute.jit
+    def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
+                         ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
+                         num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
+        """The descriptor builder's host function (the GEMM's arguments)."""
+        atoms = self.descriptor_atoms()
+        self.tensormap_staging = tensormap_staging(len(atoms))
+        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
+        self.tensormap_builder(atoms, problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups).launch(
+            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
+            use_pdl=self.config.pdl)
+
+    @cute.kernel
+    def tensormap_builder(self, atoms: tuple, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor,
+                          tensormaps: cute.Tensor, num_groups: cutlass.Int32):
+        _, _, group = cute.arch.block_idx()
+        staging = SmemAllocator().allocate(self.tensormap_staging)
+        tables = (problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups)
+        write_group_tensormaps(atoms, self.group_descriptor_tensors(tables, group), tensormaps, group, staging)
+        self.after_descriptors(tables, group)
+
+    def after_descriptors(self, tables, group) -> None:
+        """Nothing by default (after write_group_tensormaps's griddepcontrol.wait)."""
+
+
 # ==== The B200 kernel ================================================================================================
 # One CTA's shared-memory tensors (stage-indexed) and the slot where tcgen05.alloc writes the TMEM address.
 SmemTensors = NamedTuple("SmemTensors", [(f, object) for f in ("a", "b", "sfa", "sfb", "c", "tmem_holding")])
@@ -699,7 +761,7 @@ class CtaPair(NamedTuple):
         return cpasync.create_tma_multicast_mask(cluster_vmnk, cluster_vmnk.get_flat_coord(self.rank), mcast_mode=mode)
 
 
-class Sm100GroupedGemmKernel:
+class Sm100GroupedGemmKernel(DescriptorBuilder):
     """Persistent warp-specialized grouped NVFP4 GEMM (roles, pipelines, stages, TMEM: the module docstring)."""
 
     def __init__(self, config: TileConfig, roles: Sm100WarpRoles = SM100_ROLES):
@@ -800,30 +862,17 @@ class Sm100GroupedGemmKernel:
             cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c,
                                         cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile))
 
-    @cute.jit
-    def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
-                         ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                         num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
-        """The descriptor builder's host function (the GEMM's arguments): one warp per group writes its five."""
+    # ---- The descriptor builder's part (DescriptorBuilder): five descriptors per group ------------------------------
+    def descriptor_atoms(self):
+        """A', B', SFA', SFB' (slots 0-3, the producer's) and D' (slot 4, the epilogue's)."""
         _, ((atom_a, _), (atom_b, _), (atom_sfa, _), (atom_sfb, _), (atom_c, _)) = self.make_tma_atoms()
-        self.tensormap_staging = tensormap_staging(TENSORMAPS_PER_GROUP)
-        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
-            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
-        self.tensormap_builder(atom_a, atom_b, atom_sfa, atom_sfb, atom_c, problem_sizes, abc_ptrs, sf_ptrs,
-                               tensormaps).launch(
-            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
-            use_pdl=self.config.pdl)
+        return atom_a, atom_b, atom_sfa, atom_sfb, atom_c
 
-    @cute.kernel
-    def tensormap_builder(self, tma_atom_a: cute.CopyAtom, tma_atom_b: cute.CopyAtom, tma_atom_sfa: cute.CopyAtom,
-                          tma_atom_sfb: cute.CopyAtom, tma_atom_c: cute.CopyAtom, problem_sizes: cute.Tensor,
-                          abc_ptrs: cute.Tensor, sf_ptrs: cute.Tensor, tensormaps: cute.Tensor):
-        _, _, group = cute.arch.block_idx()
-        staging = SmemAllocator().allocate(self.tensormap_staging)
+    @cute.jit
+    def group_descriptor_tensors(self, tables, group):
+        problem_sizes, abc_ptrs, sf_ptrs, _, _ = tables
         d = self.output_tensor(problem_sizes[group, 0], problem_sizes[group, 1], abc_ptrs[group, 2])
-        write_group_tensormaps((tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb, tma_atom_c),
-                               (*self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), d), tensormaps, group,
-                               staging)
+        return (*self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), d)
 
     @cute.jit
     def __call__(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,

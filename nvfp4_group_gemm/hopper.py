@@ -94,8 +94,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import submission
 from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_GROUP, GroupTensormaps,
-                        TileConfig, TileScheduler, WorkTile, ceil_div, check_budget, tensormap_staging,
-                        write_group_tensormaps)
+                        TileConfig, TileScheduler, WorkTile, ceil_div, check_budget)
 
 # =============================================================================
 # Configuration
@@ -144,12 +143,10 @@ class Sm90TileConfig(TileConfig):
     def make_kernel(self):
         return Sm90GroupedGemmKernel(self)
 
-    def plan_words(self, problem_sizes) -> int:
-        """The groups' descriptor table, the token counters (COUNTER_BYTES),
-        then the converted fp16 A of every group, back to back (`scratch_address`,
-        `group_tokens`)."""
-        scratch_bytes = sum(m * k * 2 for m, _, k, _ in problem_sizes)
-        return super().plan_words(problem_sizes) + COUNTER_BYTES // 8 + ceil_div(scratch_bytes, 8)
+    def scratch_bytes(self, problem_sizes) -> int:
+        """The converted fp16 A of every group, back to back (`scratch_address`, `group_tokens`), after the
+        descriptor table and the token counters (SM90_PLAN_LAYOUT)."""
+        return sum(m * k * 2 for m, _, k, _ in problem_sizes)
 
 
 # Each form is the fastest on some benchmark in a same-run H200 measurement: the default on benchmarks 2 and 3,
@@ -184,6 +181,9 @@ TOKEN_STAGING_PAD = 16
 # than three sectors of one line: the producers' polls of CONVERTED meet no claims).
 COUNTER_BYTES = 384
 CLAIMED, CONVERTED, PASSED = 0, 128, 256  # byte offsets: units claimed, units converted, CTAs past the wait
+# A plan's memory: the descriptor table, the token counters, then the converted tokens (`Sm90TileConfig.scratch_bytes`)
+SM90_PLAN_LAYOUT = submission.PlanLayout(fixed_bytes=COUNTER_BYTES)
+Sm90TileConfig.plan_layout = SM90_PLAN_LAYOUT
 NUM_REGISTER_BUFFERS = 2  # weights' fragments: one converted while the other's wgmma runs
 MAX_AB_STAGES = 8
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
@@ -400,15 +400,15 @@ def nanosleep(ns: int) -> None:
 
 
 def counters_address(tensormaps: cute.Tensor, num_groups):
-    """Where a plan's token counters are (COUNTER_BYTES): right after its
+    """Where a plan's token counters are (COUNTER_BYTES; SM90_PLAN_LAYOUT's fixed region): right after its
     (G, 5, 16) descriptor table in the plan's memory (`submission.LaunchPlan`)."""
-    return tensormaps.iterator.toint() + cutlass.Int64(num_groups) * (TENSORMAP_I64_PER_GROUP * 8)
+    return tensormaps.iterator.toint() + SM90_PLAN_LAYOUT.fixed_offset(cutlass.Int64(num_groups))
 
 
 def scratch_address(tensormaps: cute.Tensor, num_groups):
     """Where a plan's scratch (the converted tokens) starts: after its token
-    counters, 128-byte aligned."""
-    return counters_address(tensormaps, num_groups) + COUNTER_BYTES
+    counters, 128-byte aligned (SM90_PLAN_LAYOUT)."""
+    return counters_address(tensormaps, num_groups) + SM90_PLAN_LAYOUT.fixed_bytes  # = scratch_offset(G)
 
 
 def token_scale_offset(row, kb, k):
@@ -503,6 +503,15 @@ def narrow_last_tiles(problem_sizes, tile_m: int, tile_n: int, narrow: int) -> l
 
 
 @cute.jit
+def sweep_m_tiles(m, tile_m: cutlass.Constexpr[int], narrow: cutlass.Constexpr[int], sweep):
+    """A group of M rows: its M tiles in sweep 0 (the wide ones) or sweep 1 (the narrow last one, if any)."""
+    tiles_m = wide_m_tiles(m, tile_m, narrow)
+    if sweep == 1:
+        tiles_m = ceil_div(m, tile_m) - tiles_m
+    return tiles_m
+
+
+@cute.jit
 def locate_narrow_last(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.Constexpr[int],
                        tile_n: cutlass.Constexpr[int], narrow: cutlass.Constexpr[int], tile, group, group_first_tile,
                        sweep):
@@ -512,9 +521,7 @@ def locate_narrow_last(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.C
     narrow sweep past the last group's wide tiles, so it reads the sizes only
     as far as `submission.locate_tile` does."""
     m = problem_sizes[group, 0]
-    tiles_m = wide_m_tiles(m, tile_m, narrow)
-    if sweep == 1:
-        tiles_m = ceil_div(m, tile_m) - tiles_m
+    tiles_m = sweep_m_tiles(m, tile_m, narrow, sweep)
     group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     while tile >= group_end:
         group_first_tile = group_end
@@ -523,9 +530,7 @@ def locate_narrow_last(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.C
             group = cutlass.Int32(0)
             sweep = cutlass.Int32(1)
         m = problem_sizes[group, 0]
-        tiles_m = wide_m_tiles(m, tile_m, narrow)
-        if sweep == 1:
-            tiles_m = ceil_div(m, tile_m) - tiles_m
+        tiles_m = sweep_m_tiles(m, tile_m, narrow, sweep)
         group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
     index = tile - group_first_tile
     m_tile = index % tiles_m
@@ -598,7 +603,7 @@ class Sm90SmemLayouts(NamedTuple):
     sf: cute.Layout  # (sf_stage_bytes, STAGE) of SFB
 
 
-class Sm90GroupedGemmKernel:
+class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
     """Persistent grouped NVFP4 GEMM for sm_90a (see the module docstring)."""
 
     def __init__(self, config: Sm90TileConfig = SM90_CONFIG):
@@ -708,31 +713,23 @@ class Sm90GroupedGemmKernel:
             cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed),
                                         (WEIGHT_ROWS, self.packed_k_bytes)))
 
-    @cute.jit
-    def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
-                         ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32, total_tiles: cutlass.Int32,
-                         num_ctas: cutlass.Int32, plan_ready: cutlass.Int32, stream):
-        """The descriptor builder's host function (the GEMM's arguments):
-        one warp per group writes its two descriptors."""
+    # ---- The descriptor builder's part (submission.DescriptorBuilder): two descriptors per group ----------------
+    def descriptor_atoms(self):
+        """The converted tokens (A, from the plan's scratch) and the packed weights (B)."""
         _, ((atom_a, _), (atom_b, _)) = self.make_tma_atoms()
-        self.tensormap_staging = tensormap_staging(SM90_TENSORMAPS)
-        problem_sizes, abc_ptrs, _, tensormaps = submission.host_tables(
-            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
-        self.tensormap_builder(atom_a, atom_b, problem_sizes, abc_ptrs, tensormaps, num_groups).launch(
-            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
-            use_pdl=self.config.pdl)
+        return atom_a, atom_b
 
-    @cute.kernel
-    def tensormap_builder(self, tma_atom_a: cute.CopyAtom, tma_atom_b: cute.CopyAtom, problem_sizes: cute.Tensor,
-                          abc_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32):
-        _, _, group = cute.arch.block_idx()
-        staging = submission.SmemAllocator().allocate(self.tensormap_staging)
-        write_group_tensormaps(
-            (tma_atom_a, tma_atom_b),
-            (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
-             self.group_weights(problem_sizes, group, abc_ptrs)), tensormaps, group, staging)
-        # after write_group_tensormaps's griddepcontrol.wait (the plan's memory may have been an earlier
-        # kernel's): the token counters start at zero, and each GEMM leaves them so (`pass_token_counters`)
+    @cute.jit
+    def group_descriptor_tensors(self, tables, group):
+        problem_sizes, abc_ptrs, _, tensormaps, num_groups = tables
+        return (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
+                self.group_weights(problem_sizes, group, abc_ptrs))
+
+    @cute.jit
+    def after_descriptors(self, tables, group):
+        """After write_group_tensormaps's griddepcontrol.wait (the plan's memory may have been an earlier
+        kernel's): the token counters start at zero, and each GEMM leaves them so (`pass_token_counters`)."""
+        _, _, _, tensormaps, num_groups = tables
         if group == 0:
             if cute.arch.lane_idx() == 0:
                 counters = counters_address(tensormaps, num_groups)

@@ -38,7 +38,8 @@ for name in eval task reference harness submission hopper portable hostbench; do
     if "$work/venv/bin/python" -c "import $name" 2>/dev/null; then fail "'import $name' works: a top-level module"; fi
 done
 echo "no top-level eval, task, reference, harness, submission, hopper, portable, hostbench"
-"$work/venv/bin/nvfp4-group-gemm" tests >"$work/tests.log" 2>&1 || { tail -40 "$work/tests.log"; fail "nvfp4-group-gemm tests"; }
+"$work/venv/bin/nvfp4-group-gemm" tests >"$work/tests.log" 2>&1 || {
+    grep -E "FAIL|rror" "$work/tests.log" | head -20; tail -20 "$work/tests.log"; fail "nvfp4-group-gemm tests"; }
 grep -q '8 kernels, 38 shape sets, 0 failures' "$work/tests.log" || fail "nvfp4-group-gemm tests: the compile gate"
 grep -q '(10/10 agree)' "$work/tests.log" || fail "nvfp4-group-gemm tests: the reference self-check"
 echo "nvfp4-group-gemm tests: exit 0, 8 kernels compiled, 10/10 agree"

@@ -242,7 +242,10 @@ def test_a_plan_owns_its_descriptor_table_token_counters_and_scratch():
     offsets = (hopper.CLAIMED, hopper.CONVERTED, hopper.PASSED)
     assert sorted({o // 128 for o in offsets}) == [0, 1, 2] and all(o % 4 == 0 for o in offsets)
     assert hopper.COUNTER_BYTES == 3 * 128
+    layout = hopper.SM90_PLAN_LAYOUT  # what the host sizes and the kernels address: one object
+    assert layout.fixed_offset(2) == 8 * table_words and layout.scratch_offset(2) == 8 * table_words + 384
     for config in hopper.SM90_CONFIGS.values():
+        assert config.plan_layout is layout
         assert config.plan_words(sizes) == table_words + 3 * 128 // 8 + (80 * 512 + 300 * 256) * 2 // 8
         assert submission.shape_plan(sizes, -1, 132, config).plan_words == config.plan_words(sizes)
     for config in submission.TILE_CONFIGS.values():  # the B200 kernel: the descriptor table only
