@@ -14,6 +14,7 @@ People:
     python eval.py model              # the cost model's choice and modeled B200 time (model figures)
     python eval.py overhead           # host microseconds per custom_kernel call
     python eval.py sweep [--only PART] [--diagnose]   # Hopper GPU: hopper.py's configurations vs grouped_mm
+    python eval.py moe                # the MoE op on stacked inputs: checked; on a GPU timed vs custom_kernel
 
 This file is the leaderboard's protocol and the entry point. The people's
 commands live in the package, in modules named for what they do: cli (the

@@ -24,6 +24,10 @@ _EXPORTS = {
     "generate_input": ("reference", "generate_input"),
     "ref_kernel": ("reference", "ref_kernel"),
     "check_implementation": ("reference", "check_implementation"),
+    "grouped_mm_nvfp4": ("moe", "grouped_mm_nvfp4"),
+    "quantize_nvfp4": ("moe", "quantize_nvfp4"),
+    "quantize_tokens": ("moe", "quantize_tokens"),
+    "quantize_experts": ("moe", "quantize_experts"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -210,7 +210,7 @@ def command_run(options) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-PEOPLE_COMMANDS = ("all", "tests", "benchmarks", "compile", "model", "overhead", "sweep")
+PEOPLE_COMMANDS = ("all", "tests", "benchmarks", "compile", "model", "overhead", "sweep", "moe")
 
 
 ARCHES = ("sm_100a", "sm_90a")
@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(hopper.SM90_DIAGNOSTICS: conversion, wgmma, ...; wrong results, timing only)")
     p.add_argument("--only", action="append", metavar="PART",
                    help="only configurations whose names contain PART (repeatable), e.g. --only wr")
+    sub.add_parser("moe", help="the MoE op (grouped_mm_nvfp4) on the task's shape sets of one N and K as "
+                   "stacked inputs: checked against the reference; on a GPU timed beside custom_kernel and "
+                   "torch._grouped_mm")
     for mode, what in (("test", "run FILE's cases once and check them"),
                        ("benchmark", "check, then time FILE's cases"),
                        ("leaderboard", "time FILE's cases with rechecks, as a ranked run"),
@@ -330,8 +333,13 @@ def command_sweep(options) -> int:
     return peers.command_sweep(options)
 
 
+def command_moe(options) -> int:
+    from nvfp4_group_gemm import moe_report
+    return moe_report.command_moe(options)
+
+
 COMMANDS = {"compile": command_compile, "model": command_model, "overhead": command_overhead,
-            "sweep": command_sweep}  # the rest: command_run
+            "sweep": command_sweep, "moe": command_moe}  # the rest: command_run
 
 
 def dispatch(argv: list) -> int:

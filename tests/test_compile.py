@@ -541,9 +541,11 @@ def global_reads(entry: str) -> list:
     return [(m[1], first_wait < 0 or m.start() < first_wait, leaves(m[2], set())) for m in reads]
 
 
-def parameter_index(kernel, name: str) -> int:
-    """A @cute.kernel argument's index among the PTX entry's parameters (the arguments after self, in order)."""
-    return [p for p in inspect.signature(kernel).parameters if p != "self"].index(name)
+def parameter_index(kernel, name: str, tuple_sizes: dict = {}) -> int:
+    """A @cute.kernel argument's index among the PTX entry's parameters (the arguments after self, in order; an
+    argument that is a tuple, named in `tuple_sizes`, is one PTX parameter per element)."""
+    names = [p for p in inspect.signature(kernel).parameters if p != "self"]
+    return sum(tuple_sizes.get(n, 1) for n in names[:names.index(name)])
 
 
 def test_before_their_waits_the_kernels_read_only_the_plans_tables(report):
@@ -555,7 +557,8 @@ def test_before_their_waits_the_kernels_read_only_the_plans_tables(report):
     gemm, builder = submission.Sm100GroupedGemmKernel.kernel, submission.Sm100GroupedGemmKernel.tensormap_builder
     gemm_tables = {"ld.global": {parameter_index(gemm, "problem_sizes")},
                    "fence.proxy": {parameter_index(gemm, "tensormaps")}}
-    builder_tables = {parameter_index(builder, n) for n in ("problem_sizes", "abc_ptrs", "sf_ptrs")}
+    atoms = {"atoms": submission.TENSORMAPS_PER_GROUP}  # the B200 builder's five TMA atoms
+    builder_tables = {parameter_index(builder, n, atoms) for n in ("problem_sizes", "abc_ptrs", "sf_ptrs")}
     for kernel in report["kernels"]:
         for path, tables in ((kernel["ptx_file"], gemm_tables), (kernel["builder_ptx_file"], None)):
             (entry,) = re.split(r"\.entry\s", open(path).read())[1:]

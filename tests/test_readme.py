@@ -116,3 +116,16 @@ def test_every_inline_eval_command_is_one_the_cli_takes():
         argv = shlex.split(command)[2:]
         options = cli.build_parser().parse_args(argv or ["all"])
         cli.check_options(options)
+
+
+def test_the_readmes_moe_example_runs_and_computes_the_layer():
+    """The MoE example, alone (on the CPU here): every token's output is its own expert's product, up to NVFP4's
+    quantization (cosine similarity with the bf16-free float product)."""
+    block = next(b for b in blocks("python") if "grouped_mm_nvfp4" in b)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    import torch
+    x, w, expert, y = (namespace[name] for name in ("x", "w", "expert", "y"))
+    exact = torch.einsum("tk,tnk->tn", x, w[expert])
+    cosine = torch.nn.functional.cosine_similarity(y.float(), exact, dim=1)
+    assert y.shape == exact.shape and cosine.min() > 0.97, cosine.min()

@@ -1,0 +1,321 @@
+"""`grouped_mm_nvfp4`: the NVFP4 grouped GEMM a MoE layer calls, with group sizes that stay on the GPU.
+
+The layout is the one torch's `F.scaled_grouped_mm` NVFP4 path, FBGEMM's `f4f4bf16_grouped_mm`, vLLM's
+CUTLASS MoE path and torchao's `NVFP4Tensor` grouped mm agree on:
+  a         (T, K/2) packed E2M1 (torch.float4_e2m1fn_x2 or uint8): every expert's tokens, sorted by expert
+  b         (E, N, K/2) packed E2M1, each expert's weights K-major, or its (E, K/2, N) transposed view
+  a_scale   E4M3 scale factors of `a` in the 128x4-blocked layout, W = round_up(K/16, 4) bytes a row:
+            group g's block of round_up(m_g, 128) rows starts at row P_g = sum_{i<g} round_up(m_i, 128)
+            (P_g follows `offs` on the device; the buffer may be longer than P_E rows)
+  b_scale   E4M3 of `b`, one blocked block of round_up(N, 128) x W per expert
+  offs      int32 (E,): the cumulative end row of each group in `a`, on a's device
+  a_global, b_global   optional fp32 decode scales of the two-level NVFP4 format, shape () or (E,):
+            group g's output is scaled by a_global[g] * b_global[g]
+Out: (T, N) in bf16 or fp16; rows from offs[-1] on are not written. Groups with no rows cost nothing.
+
+What cannot be checked without reading `offs` on the host (non-decreasing, offs[-1] <= T) is the caller's
+promise; `validate=True` checks it with a synchronization (refused during CUDA graph capture).
+Every other error is a ValueError naming the argument, raised before anything runs.
+
+Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
+with fake implementations, so torch.compile traces through it. The computation here is the portable one
+(dequantize, then torch._grouped_mm on CUDA, which reads `offs` on the device; a loop over the groups on the
+CPU); it is exact up to fp32 summation order.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from .reference import E2M1_TABLE, E4M3_TABLE
+
+SF_VEC_SIZE = 16  # K elements per scale factor
+BLOCK_ROWS = 128  # rows of one blocked scale-factor block
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+FP4_DTYPES = tuple(d for d in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if d is not None)
+SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return (x + multiple - 1) // multiple * multiple
+
+
+def scale_width(k: int) -> int:
+    """Bytes of one row of a blocked scale-factor buffer: round_up(K/16, 4)."""
+    return round_up(k // SF_VEC_SIZE, 4)
+
+
+def worst_case_scale_rows(tokens: int, experts: int) -> int:
+    """The most rows P_E can reach for T tokens over E groups: sum_g 128 ceil(m_g / 128) with sum m_g = T over
+    at most min(E, T) groups holding a row, at most 128 floor((T + 127 min(E, T)) / 128) (reached by groups of
+    one row and one of the rest)."""
+    return BLOCK_ROWS * ((tokens + (BLOCK_ROWS - 1) * min(experts, tokens)) // BLOCK_ROWS)
+
+
+def scale_rows_used(offs: torch.Tensor) -> int:
+    """P_E for this routing (reads offs on the host)."""
+    ends = [0] + offs.tolist()
+    return sum(round_up(end - start, BLOCK_ROWS) for start, end in zip(ends, ends[1:]))
+
+
+class Problem:
+    """The checked metadata of one call: T, N, K, E, B as (E, N, K/2) and the buffers' widths."""
+
+    def __init__(self, a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=False):
+        def fail(argument: str, problem: str):
+            raise ValueError(f"grouped_mm_nvfp4: {argument}: {problem}")
+
+        def tensor(name, value):
+            if not isinstance(value, torch.Tensor):
+                fail(name, f"expected a torch.Tensor, got {type(value).__name__}")
+            return value
+        a, b, a_scale, b_scale, offs = (tensor(n, v) for n, v in (("a", a), ("b", b), ("a_scale", a_scale),
+                                                                   ("b_scale", b_scale), ("offs", offs)))
+        device = a.device
+        for name, value in (("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("offs", offs),
+                            ("a_global", a_global), ("b_global", b_global), ("out", out)):
+            if value is not None and tensor(name, value).device != device:
+                fail(name, f"on {value.device}, a is on {device}")
+        if a.dtype not in FP4_DTYPES:
+            fail("a", f"dtype {a.dtype}, expected packed E2M1 ({', '.join(map(str, FP4_DTYPES))})")
+        if a.dim() != 2 or (a.shape[0] > 0 and a.stride(1) != 1):
+            fail("a", f"shape {tuple(a.shape)} strides {a.stride()}: expected (T, K/2) with K/2 contiguous")
+        self.tokens, self.k = a.shape[0], 2 * a.shape[1]
+        if self.k == 0 or self.k % SF_VEC_SIZE:
+            fail("a", f"K = {self.k} (2 x a.shape[1]): expected a positive multiple of {SF_VEC_SIZE}")
+        if b.dtype not in FP4_DTYPES:
+            fail("b", f"dtype {b.dtype}, expected packed E2M1")
+        if b.dim() != 3:
+            fail("b", f"shape {tuple(b.shape)}: expected (E, N, K/2) or its (E, K/2, N) transposed view")
+        half_k = self.k // 2
+        if b.shape[2] == half_k and b.stride(2) == 1:
+            self.b = b  # (E, N, K/2), K-major
+        elif b.shape[1] == half_k and b.stride(1) == 1:
+            self.b = b.transpose(1, 2)  # torch's (E, K/2, N) view of the K-major weights
+        else:
+            fail("b", f"shape {tuple(b.shape)} strides {b.stride()}: expected (E, N, {half_k}) with K contiguous, "
+                 f"or its (E, {half_k}, N) transposed view (K = {self.k} from a)")
+        self.experts, self.n = self.b.shape[0], self.b.shape[1]
+        if self.n == 0 or self.experts == 0:
+            fail("b", f"shape {tuple(b.shape)}: expected at least one expert and one row")
+        if offs.dtype != torch.int32 or offs.shape != (self.experts,):
+            fail("offs", f"dtype {offs.dtype} shape {tuple(offs.shape)}: expected int32 ({self.experts},), one "
+                 "cumulative end row per expert of b")
+        self.width = scale_width(self.k)
+        for name, scale in (("a_scale", a_scale), ("b_scale", b_scale)):
+            if scale.dtype not in SCALE_DTYPES:
+                fail(name, f"dtype {scale.dtype}, expected torch.float8_e4m3fn")
+            if not scale.is_contiguous():
+                fail(name, "not contiguous: the blocked layout is read as consecutive bytes")
+        if a_scale.numel() % self.width:
+            fail("a_scale", f"{a_scale.numel()} bytes: not whole rows of round_up(K/16, 4) = {self.width}")
+        need = worst_case_scale_rows(self.tokens, self.experts) * self.width
+        if a_scale.numel() < need and not validated:
+            fail("a_scale", f"{a_scale.numel()} bytes: the groups' blocks may need up to {need} "
+                 f"({need // self.width} rows of {self.width}, for T = {self.tokens} over E = {self.experts}); "
+                 "pad it (as vLLM's and torchao's quantizers do), or pass validate=True to check this routing's "
+                 "needs on the host")
+        self.b_block = round_up(self.n, BLOCK_ROWS) * self.width
+        if b_scale.numel() != self.experts * self.b_block:
+            fail("b_scale", f"{b_scale.numel()} bytes: expected {self.experts} x round_up(N, 128) x "
+                 f"round_up(K/16, 4) = {self.experts * self.b_block}")
+        for name, scale in (("a_global", a_global), ("b_global", b_global)):
+            if scale is not None and (scale.dtype != torch.float32 or scale.shape not in ((), (self.experts,))):
+                fail(name, f"dtype {scale.dtype} shape {tuple(scale.shape)}: expected float32 () or "
+                     f"({self.experts},)")
+        if out_dtype not in OUT_DTYPES:
+            fail("out_dtype", f"{out_dtype}: expected torch.bfloat16 or torch.float16")
+        if out is not None and (out.dtype != out_dtype or out.shape != (self.tokens, self.n)
+                                or not out.is_contiguous()):
+            fail("out", f"{out.dtype} {tuple(out.shape)}: expected a contiguous ({self.tokens}, {self.n}) "
+                 f"{out_dtype} tensor")
+        self.device, self.out_dtype = device, out_dtype
+
+
+def check_offsets(offs: torch.Tensor, tokens: int, a_scale: torch.Tensor, width: int) -> None:
+    """`validate=True`: offs non-decreasing from 0, offs[-1] <= T, a_scale long enough for this routing's P_E
+    rows (reads offs on the host: a synchronization)."""
+    if offs.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("grouped_mm_nvfp4: validate=True reads offs on the host, which a CUDA graph capture "
+                           "cannot: validate outside the capture")
+    values = offs.tolist()
+    if any(v < 0 for v in values[:1]) or any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(f"grouped_mm_nvfp4: offs: {values}: expected non-decreasing cumulative ends from 0")
+    if values and values[-1] > tokens:
+        raise ValueError(f"grouped_mm_nvfp4: offs: the last group ends at row {values[-1]}, a has {tokens} rows")
+    used = scale_rows_used(offs) * width
+    if a_scale.numel() < used:
+        raise ValueError(f"grouped_mm_nvfp4: a_scale: {a_scale.numel()} bytes, this routing's blocks need {used}")
+
+
+# ---- the portable computation ------------------------------------------------------------------------------------
+def scale_offsets(rows: torch.Tensor, columns: int, width: int) -> torch.Tensor:
+    """Byte offsets in a 128x4-blocked buffer `width` bytes a row of the scale factors (rows, 0..columns-1):
+    block (row // 128, column // 4) is 512 bytes, [row % 32][(row % 128) // 32][column % 4] inside."""
+    r = rows.view(-1, 1)
+    c = torch.arange(columns, device=rows.device).view(1, -1)
+    return ((r // BLOCK_ROWS) * (BLOCK_ROWS * width) + (c // 4) * 512 + (r % 32) * 16 + ((r % BLOCK_ROWS) // 32) * 4
+            + c % 4)
+
+
+def decode(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(rows, K/2) E2M1 and (rows, K/16) E4M3 bytes -> (rows, K) float32 (each product exact)."""
+    codes = packed.contiguous().view(torch.uint8)
+    nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(codes.shape[0], -1).long()
+    values = E2M1_TABLE.to(codes.device)[nibbles]
+    block = E4M3_TABLE.to(codes.device)[scales.long()]
+    return values * block.repeat_interleave(SF_VEC_SIZE, dim=1)
+
+
+def group_rows(offs: torch.Tensor, tokens: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of a, on offs's device and without reading it on the host: its group (E for rows past offs[-1]),
+    its row in the scale buffer (P_g + row - start_g), and the groups' start rows."""
+    ends = offs.long()
+    starts = torch.cat((ends.new_zeros(1), ends[:-1]))
+    padded = (ends - starts + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
+    first_scale_row = torch.cumsum(padded, 0) - padded  # P_g
+    rows = torch.arange(tokens, device=offs.device)
+    group = torch.searchsorted(ends, rows, right=True)
+    g = group.clamp(max=ends.numel() - 1)
+    return group, first_scale_row[g] + rows - starts[g], starts
+
+
+def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
+    """The portable path: dequantize both operands (exact in fp32), multiply per group, scale, write `out`'s
+    rows below offs[-1]."""
+    t, n, k, e, width = problem.tokens, problem.n, problem.k, problem.experts, problem.width
+    if t == 0:
+        return
+    group, scale_row, starts = group_rows(offs, t)
+    a_bytes = a_scale.reshape(-1).view(torch.uint8)
+    a_values = decode(a, a_bytes[scale_offsets(scale_row, k // SF_VEC_SIZE, width)])
+    b_rows = scale_offsets(torch.arange(n, device=a.device), k // SF_VEC_SIZE, width)
+    b_bytes = b_scale.reshape(e, -1).view(torch.uint8)
+    b_values = torch.stack([decode(problem.b[x], b_bytes[x][b_rows]) for x in range(e)])  # (E, N, K)
+    alpha = torch.ones(e, dtype=torch.float32, device=a.device)
+    for scale in (a_global, b_global):
+        if scale is not None:
+            alpha = alpha * scale
+    valid = group < e
+    if a.is_cuda and torch.cuda.get_device_capability(a.device) >= (9, 0):
+        # bf16 holds every dequantized value exactly (at most 6 significant bits); fp32 accumulation
+        result = torch._grouped_mm(a_values.to(torch.bfloat16), b_values.to(torch.bfloat16).transpose(1, 2),
+                                   offs=offs, out_dtype=torch.float32)
+    else:  # the CPU (and GPUs before sm_90, where this reads the group sizes on the host)
+        result = torch.zeros(t, n, dtype=torch.float32, device=a.device)
+        for x, (start, end) in enumerate(zip(starts.tolist(), offs.tolist())):
+            if end > start:
+                result[start:end] = a_values[start:end] @ b_values[x].t()
+    result = result * alpha[group.clamp(max=e - 1)].view(-1, 1)
+    out.copy_(torch.where(valid.view(-1, 1), result.to(out.dtype), out))
+
+
+# ---- the torch ops -----------------------------------------------------------------------------------------------
+@torch.library.custom_op("nvfp4_group_gemm::grouped_mm_nvfp4_out", mutates_args=("out",))
+def _grouped_mm_out(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                    offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
+                    out: torch.Tensor) -> None:
+    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out.dtype, out, validated=True)
+    compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
+
+
+@_grouped_mm_out.register_fake
+def _(a, b, a_scale, b_scale, offs, a_global, b_global, out) -> None:
+    return None
+
+
+@torch.library.custom_op("nvfp4_group_gemm::grouped_mm_nvfp4", mutates_args=())
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
+                out_dtype: torch.dtype) -> torch.Tensor:
+    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None, validated=True)
+    out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
+    compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
+    return out
+
+
+@_grouped_mm.register_fake
+def _(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype):
+    """(T, N) without reading any data: N from b's rows (or its transposed view's columns)."""
+    half_k = a.shape[1]
+    n = b.shape[1] if (b.shape[2] == half_k and b.stride(2) == 1) else b.shape[2]
+    return a.new_empty((a.shape[0], n), dtype=out_dtype)
+
+
+def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                     offs: torch.Tensor, *, a_global: Optional[torch.Tensor] = None,
+                     b_global: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+                     out: Optional[torch.Tensor] = None, validate: bool = False) -> torch.Tensor:
+    """out[t] = alpha_g * dequant(a[t]) @ dequant(b[g])^T for the rows t of group g (the module docstring has
+    the layout); ValueError naming the argument for anything malformed, before anything runs. Returns `out`
+    (a new (T, N) tensor of `out_dtype`, default bf16, when None)."""
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=validate)
+    if validate:
+        check_offsets(offs, problem.tokens, a_scale, problem.width)
+    if out is None:
+        return torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, a_global, b_global,
+                                                           out_dtype)
+    torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4_out(a, b, a_scale, b_scale, offs, a_global, b_global, out)
+    return out
+
+
+# ---- quantization, for tests and examples ------------------------------------------------------------------------
+E2M1_MAX, E4M3_MAX = 6.0, 448.0
+
+
+def quantize_nvfp4(x: torch.Tensor, global_scale: Optional[torch.Tensor] = None):
+    """(R, K) float -> (R, K/2) packed E2M1 (uint8) and (R, K/16) E4M3 scale factors, NVFP4's recipe: each
+    16-element block's scale is amax / 6 (divided by `global_scale`, the tensor's fp32 decode scale, when
+    given), rounded to E4M3; each element is rounded to the nearest E2M1 value (ties to the even code)."""
+    rows, k = x.shape
+    blocks = x.float().reshape(rows, k // SF_VEC_SIZE, SF_VEC_SIZE)
+    amax = blocks.abs().amax(-1)
+    decode_scale = 1.0 if global_scale is None else global_scale.float()
+    scales = (amax / E2M1_MAX / decode_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    block_scale = scales.float() * decode_scale
+    scaled = torch.where(block_scale.unsqueeze(-1) > 0, blocks / block_scale.unsqueeze(-1), torch.zeros_like(blocks))
+    table = E2M1_TABLE[:8].to(x.device)  # the non-negative codes 0..7
+    magnitude = scaled.abs().clamp(max=E2M1_MAX).unsqueeze(-1)
+    distance = (magnitude - table).abs()
+    # nearest value; on a tie the even code (argmin takes the first, so prefer even by a tiny bias)
+    code = (distance + 1e-6 * (torch.arange(8, device=x.device) % 2)).argmin(-1)
+    code = code | ((scaled < 0) & (code > 0)).long() << 3
+    code = code.reshape(rows, k).to(torch.uint8)
+    packed = code[:, 0::2] | (code[:, 1::2] << 4)
+    return packed, scales
+
+
+def to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """(R, K/16) E4M3 scale factors -> the 128x4-blocked layout, (round_up(R, 128), round_up(K/16, 4)) bytes
+    with zero padding (scale_offsets' order)."""
+    rows, cols = scales.shape
+    padded = torch.zeros(round_up(rows, BLOCK_ROWS), round_up(cols, 4), dtype=torch.uint8, device=scales.device)
+    padded[:rows, :cols] = scales.view(torch.uint8)
+    r, c = padded.shape
+    blocked = padded.view(r // 128, 4, 32, c // 4, 4).permute(0, 3, 2, 1, 4).reshape(r, c)
+    return blocked.view(torch.float8_e4m3fn)
+
+
+def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
+                    rows: Optional[int] = None):
+    """Sorted tokens (T, K) and their groups' ends -> a (T, K/2) and a_scale: each group's scale factors
+    blocked from row P_g, then zero rows up to `rows` (default: the worst case for T and E, as vLLM's and
+    torchao's stacked quantizers pad; P_E: the blocks alone, as torch's tests concatenate them). Reads offs
+    on the host: for tests and examples."""
+    packed, scales = quantize_nvfp4(x, global_scale)
+    width = scale_width(x.shape[1])
+    ends = offs.tolist()
+    blocks = [to_blocked(scales[start:end]) for start, end in zip([0] + ends[:-1], ends) if end > start]
+    used = sum(block.shape[0] for block in blocks)
+    rows = worst_case_scale_rows(x.shape[0], len(ends)) if rows is None else rows
+    tail = torch.zeros(max(rows - used, 0), width, dtype=torch.float8_e4m3fn, device=x.device)
+    return packed, torch.cat(blocks + [tail])
+
+
+def quantize_experts(w: torch.Tensor, global_scale: Optional[torch.Tensor] = None):
+    """Stacked weights (E, N, K) -> b (E, N, K/2) and b_scale (E, round_up(N, 128), round_up(K/16, 4))."""
+    def decode_scale(x: int):
+        return None if global_scale is None else global_scale if global_scale.dim() == 0 else global_scale[x]
+    pairs = [quantize_nvfp4(w[x], decode_scale(x)) for x in range(w.shape[0])]
+    return torch.stack([p for p, _ in pairs]), torch.stack([to_blocked(s) for _, s in pairs])

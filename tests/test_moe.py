@@ -1,0 +1,175 @@
+"""grouped_mm_nvfp4 on the CPU: the MoE convention (offs on the device, blocked scale buffers, transposed B,
+global scales), errors naming the argument, the torch.library registration under torch.compile."""
+import pytest
+import torch
+
+from nvfp4_group_gemm import moe
+from nvfp4_group_gemm.reference import dequantize, reorder_scale_factors
+
+
+def routed(sizes, n=256, k=512, seed=0, global_scales=False, rows=None):
+    """A MoE layer's inputs: tokens sorted by expert (group sizes `sizes`), stacked expert weights, quantized;
+    and the plain per-group operands an independent reference uses."""
+    gen = torch.Generator().manual_seed(seed)
+    t, e = sum(sizes), len(sizes)
+    x = torch.randn(t, k, generator=gen)
+    w = torch.randn(e, n, k, generator=gen)
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    a_global = b_global = None
+    if global_scales:
+        a_global = torch.tensor(0.5)
+        b_global = torch.rand(e, generator=gen) + 0.25
+    a, a_scale = moe.quantize_tokens(x, offs, a_global, rows)
+    b, b_scale = moe.quantize_experts(w, b_global)
+    return dict(a=a, b=b, a_scale=a_scale, b_scale=b_scale, offs=offs, a_global=a_global, b_global=b_global), \
+        (x, w)
+
+
+def reference(args, out_dtype=torch.bfloat16):
+    """Per group, from the unblocked scale factors (quantize_nvfp4 again) and reference.dequantize: fp64 sums."""
+    a, b, offs = args["a"], args["b"], args["offs"].tolist()
+    rows = []
+    k = 2 * a.shape[1]
+    for g, (start, end) in enumerate(zip([0] + offs[:-1], offs)):
+        if end == start:
+            continue
+        a_plain = unblock(args["a_scale"], start, end, offs, k)
+        b_plain = unblock(args["b_scale"][g].reshape(-1), 0, b.shape[1], None, k)
+        product = dequantize(a[start:end], a_plain).double() @ dequantize(b[g], b_plain).double().t()
+        alpha = 1.0
+        if args["a_global"] is not None:
+            alpha *= float(args["a_global"])
+        if args["b_global"] is not None:
+            alpha *= float(args["b_global"][g])
+        rows.append((start, end, (product * alpha).to(out_dtype)))
+    return rows
+
+
+def unblock(buffer, start, end, offs, k):
+    """Group rows start..end's scale factors read back from a blocked buffer through the leaderboard's own
+    layout (reference.reorder_scale_factors puts row r, column j at [r%32, (r%128)//32, r//128, j%4, j//4])."""
+    width = moe.scale_width(k)
+    flat = buffer.reshape(-1).view(torch.uint8)
+    first = 0
+    if offs is not None:  # P_g: the padded rows of the groups before
+        ends = [0] + offs
+        first = sum(moe.round_up(b - a, 128) for a, b in zip(ends, ends[1:]) if b <= start)
+    rows = end - start
+    block = flat[first * width: (first + moe.round_up(rows, 128)) * width]
+    blocks = block.view(moe.round_up(rows, 128) // 128, width // 4, 32, 4, 4)  # (rb, cb, r%32, (r%128)//32, c%4)
+    r = torch.arange(rows).view(-1, 1)
+    j = torch.arange(k // 16).view(1, -1)
+    return blocks[r // 128, j // 4, r % 32, (r % 128) // 32, j % 4].view(torch.float8_e4m3fn)
+
+
+def assert_matches(out, args, out_dtype=torch.bfloat16):
+    for start, end, expected in reference(args, out_dtype):
+        assert torch.equal(out[start:end], expected), (start, end, (out[start:end].float() - expected.float()
+                                                                       ).abs().max())
+
+
+@pytest.mark.parametrize("sizes", [(72, 0, 129, 1), (0, 0, 300, 0), (300,), (5, 7, 0, 0, 130, 64, 1, 0)],
+                         ids=["mixed", "all on one expert", "one expert", "a quarter empty or more"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_the_op_matches_the_reference_per_group(sizes, out_dtype):
+    args, _ = routed(sizes)
+    assert_matches(moe.grouped_mm_nvfp4(**args, out_dtype=out_dtype), args, out_dtype)
+
+
+def test_global_scales_padded_scale_buffers_and_the_transposed_weights_view():
+    args, _ = routed((40, 0, 200, 17), global_scales=True, rows=1024)  # longer than the worst case
+    out = moe.grouped_mm_nvfp4(**args)
+    assert_matches(out, args)
+    exact, _ = routed((40, 0, 200, 17), global_scales=True, rows=0)  # torch's tests: the blocks alone (P_E rows)
+    with pytest.raises(ValueError, match="a_scale: .* may need up to .* or pass validate=True"):
+        moe.grouped_mm_nvfp4(**exact)
+    assert torch.equal(moe.grouped_mm_nvfp4(**exact, validate=True), out)
+    transposed = dict(args, b=args["b"].transpose(1, 2))  # torch's (E, K/2, N) view of the same weights
+    assert torch.equal(moe.grouped_mm_nvfp4(**transposed), out)
+
+
+def test_rows_past_the_last_group_are_not_written_and_no_tokens_is_no_work():
+    args, _ = routed((64, 64))
+    args["offs"] = torch.tensor([64, 100], dtype=torch.int32)  # rows 100..127 belong to no group
+    out = torch.full((128, 256), 7.0, dtype=torch.bfloat16)
+    assert moe.grouped_mm_nvfp4(**args, out=out, validate=True) is out
+    assert (out[100:] == 7.0).all() and not (out[:100] == 7.0).all()
+    empty, _ = routed((0, 0, 0))
+    assert moe.grouped_mm_nvfp4(**empty).shape == (0, 256)
+
+
+def test_the_blocked_layout_is_the_leaderboards():
+    """to_blocked and scale_offsets put row r, column j where reference.reorder_scale_factors does."""
+    plain = torch.randint(1, 120, (200, 32), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    theirs = reorder_scale_factors(plain.unsqueeze(-1), 200, 512, "cpu")  # (32, 4, rb, 4, cb, 1) view
+    flat_theirs = theirs.permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).flatten()
+    ours = moe.to_blocked(plain).view(torch.uint8).flatten()
+    offsets = moe.scale_offsets(torch.arange(200), 32, moe.scale_width(512))
+    assert torch.equal(ours[offsets], plain.view(torch.uint8)) and torch.equal(flat_theirs[offsets], ours[offsets])
+
+
+def test_quantization_round_trips_values_it_can_represent():
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0] * 4).view(2, 16) * torch.tensor([[1.0], [-2.0]])
+    packed, scales = moe.quantize_nvfp4(values)
+    assert torch.equal(dequantize(packed, scales), values)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    packed, scales = moe.quantize_nvfp4(x)
+    error = (dequantize(packed, scales) - x).abs() / x.abs().amax()
+    assert error.max() < 0.15  # 4-bit values: within a step of the block's largest
+
+
+MALFORMED = [
+    ("a", lambda a: dict(a, a=a["a"].float()), "a: dtype torch.float32"),
+    ("a", lambda a: dict(a, a=a["a"][:, :7]), "a: K = 14"),
+    ("b", lambda a: dict(a, b=a["b"][:, :, :100]), "b: shape (3, 256, 100)"),
+    ("b", lambda a: dict(a, b=a["b"][0]), "b: shape (256, 256): expected (E, N, K/2)"),
+    ("offs", lambda a: dict(a, offs=a["offs"].long()), "offs: dtype torch.int64"),
+    ("offs", lambda a: dict(a, offs=a["offs"][:2]), "offs: dtype torch.int32 shape (2,): expected int32 (3,)"),
+    ("a_scale", lambda a: dict(a, a_scale=a["a_scale"][:128]), "a_scale: 4096 bytes: the groups' blocks may need"),
+    ("a_scale", lambda a: dict(a, a_scale=a["a_scale"].float()), "a_scale: dtype torch.float32"),
+    ("b_scale", lambda a: dict(a, b_scale=a["b_scale"][:2]), "b_scale: 16384 bytes: expected 3 x"),
+    ("b_scale", lambda a: dict(a, b_scale=a["b_scale"].transpose(1, 2)), "b_scale: not contiguous"),
+    ("b_global", lambda a: dict(a, b_global=torch.ones(2)), "b_global: dtype torch.float32 shape (2,)"),
+    ("out", lambda a: dict(a, out=torch.empty(3, 3, dtype=torch.bfloat16)), "out: torch.bfloat16 (3, 3)"),
+    ("out_dtype", lambda a: dict(a, out_dtype=torch.float32), "out_dtype: torch.float32"),
+    ("a", lambda a: dict(a, a=[[0]]), "a: expected a torch.Tensor, got list"),
+]
+
+
+@pytest.mark.parametrize("argument,spoil,fragment", MALFORMED, ids=[f"{m[0]}-{i}" for i, m in enumerate(MALFORMED)])
+def test_malformed_arguments_are_refused_naming_the_argument(argument, spoil, fragment):
+    args, _ = routed((40, 0, 20))
+    with pytest.raises(ValueError, match="grouped_mm_nvfp4: " + argument) as error:
+        moe.grouped_mm_nvfp4(**spoil(args))
+    assert fragment in str(error.value), str(error.value)
+
+
+def test_validate_reads_offs_and_refuses_what_the_kernel_cannot_check():
+    args, _ = routed((40, 0, 20))
+    for bad, why in (([40, 20, 60], "non-decreasing"), ([40, 40, 61], "ends at row 61, a has 60 rows")):
+        with pytest.raises(ValueError, match=why):
+            moe.grouped_mm_nvfp4(**dict(args, offs=torch.tensor(bad, dtype=torch.int32)), validate=True)
+
+
+class ToyExperts(torch.nn.Module):
+    """A MoE block's expert GEMM: routed tokens in, one NVFP4 grouped GEMM, scaled."""
+
+    def forward(self, a, b, a_scale, b_scale, offs, b_global):
+        return moe.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, b_global=b_global) * 2
+
+
+def test_torch_compile_traces_the_op_whole_graph():
+    args, _ = routed((30, 0, 70), global_scales=True)
+    inputs = [args[k] for k in ("a", "b", "a_scale", "b_scale", "offs", "b_global")]
+    compiled = torch.compile(ToyExperts(), fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(*inputs), ToyExperts()(*inputs))
+
+
+def test_the_fake_implementation_gives_the_shape_without_data():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args, _ = routed((30, 0, 70))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+        out = torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4(fake["a"], fake["b"].transpose(1, 2), fake["a_scale"],
+                                                          fake["b_scale"], fake["offs"], None, None, torch.float16)
+    assert out.shape == (100, 256) and out.dtype == torch.float16
