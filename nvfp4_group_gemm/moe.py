@@ -157,12 +157,22 @@ def scale_offsets(rows: torch.Tensor, columns: int, width: int) -> torch.Tensor:
             + c % 4)
 
 
+_tables = {}  # device -> (E2M1, E4M3) decoding tables there: copied once, never during a graph capture
+
+
+def decoding_tables(device: torch.device):
+    if device not in _tables:
+        _tables[device] = (E2M1_TABLE.to(device), E4M3_TABLE.to(device))
+    return _tables[device]
+
+
 def decode(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """(rows, K/2) E2M1 and (rows, K/16) E4M3 bytes -> (rows, K) float32 (each product exact)."""
     codes = packed.contiguous().view(torch.uint8)
     nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(codes.shape[0], -1).long()
-    values = E2M1_TABLE.to(codes.device)[nibbles]
-    block = E4M3_TABLE.to(codes.device)[scales.long()]
+    e2m1, e4m3 = decoding_tables(codes.device)
+    values = e2m1[nibbles]
+    block = e4m3[scales.long()]
     return values * block.repeat_interleave(SF_VEC_SIZE, dim=1)
 
 

@@ -379,3 +379,44 @@ def test_a_raw_capture_right_after_a_cold_call_replays_after_the_descriptors_are
     torch.cuda.synchronize()
     ok, message = check_implementation(data, outputs(data))
     assert ok, message
+
+
+# ---- the MoE op (moe.grouped_mm_nvfp4) on the GPU -----------------------------------------------------------------
+def moe_inputs(sizes, n=256, k=512, seed=0):
+    from test_moe import routed
+    args, _ = routed(sizes, n=n, k=k, seed=seed, global_scales=True)
+    return {name: (v.cuda() if isinstance(v, torch.Tensor) else v) for name, v in args.items()}
+
+
+@pytest.mark.parametrize("sizes", [(72, 0, 129, 1), (0, 0, 300, 0), (0,) * 7 + (40,) + (3,) * 8],
+                         ids=["mixed", "all on one expert", "a quarter empty or more"])
+def test_moe_op_on_the_gpu_matches_the_cpu_and_never_synchronizes(sizes):
+    from nvfp4_group_gemm import moe
+    args = moe_inputs(sizes)
+    expected = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()})
+    moe.grouped_mm_nvfp4(**args)  # warm-up: the decoding tables reach the GPU once
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    out = moe.grouped_mm_nvfp4(**args)
+    assert not torch.cuda.current_stream().query(), "the op waited for the GPU (read offs on the host?)"
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_moe_op_replays_in_a_cuda_graph_under_new_routings():
+    """Captured once; each replay takes new offs (experts going to and from zero rows) and new tokens."""
+    from nvfp4_group_gemm import moe
+    first = moe_inputs((40, 0, 60, 28), seed=1)
+    moe.grouped_mm_nvfp4(**first)
+    torch.cuda.synchronize()
+    out = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe.grouped_mm_nvfp4(**first, out=out)
+    for seed, sizes in enumerate(((0, 128, 0, 0), (1, 1, 1, 125), (40, 0, 60, 28)), start=2):
+        routing = moe_inputs(sizes, seed=seed)
+        for name in ("a", "a_scale", "offs"):
+            first[name].copy_(routing[name])
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = moe.grouped_mm_nvfp4(**first)  # the same weights, the new tokens and routing, not captured
+        assert torch.equal(out[:int(first["offs"][-1])], expected[:int(first["offs"][-1])]), sizes
