@@ -288,9 +288,10 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: Optional[torch.Tensor] = None)
     table = E2M1_TABLE[:8].to(x.device)  # the non-negative codes 0..7
     magnitude = scaled.abs().clamp(max=E2M1_MAX).unsqueeze(-1)
     distance = (magnitude - table).abs()
-    # nearest value; on a tie the even code (argmin takes the first, so prefer even by a tiny bias)
-    code = (distance + 1e-6 * (torch.arange(8, device=x.device) % 2)).argmin(-1)
-    code = code | ((scaled < 0) & (code > 0)).long() << 3
+    # the nearest value; on an exact tie the even code (round half to even)
+    nearest = distance == distance.amin(-1, keepdim=True)
+    code = torch.where(nearest, torch.arange(8, device=x.device) % 2, 2).argmin(-1)
+    code = code | (scaled < 0).long() << 3  # the sign of a value rounded to zero too (-0), as torchao keeps it
     code = code.reshape(rows, k).to(torch.uint8)
     packed = code[:, 0::2] | (code[:, 1::2] << 4)
     return packed, scales

@@ -173,3 +173,18 @@ def test_the_fake_implementation_gives_the_shape_without_data():
         out = torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4(fake["a"], fake["b"].transpose(1, 2), fake["a_scale"],
                                                           fake["b_scale"], fake["offs"], None, None, torch.float16)
     assert out.shape == (100, 256) and out.dtype == torch.float16
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_quantization_is_torchaos_bit_for_bit(seed):
+    """moe.quantize_nvfp4 against torchao's NVFP4 quantizer (a dev dependency), with and without a per-tensor
+    scale: the same E4M3 scales, the same packed bytes; and torchao's swizzled scales are moe.to_blocked's."""
+    nvfp4 = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(seed)) * (seed + 1) ** 2
+    per_tensor = None if seed % 2 else (x.abs().amax() / (6.0 * 448.0)).float()
+    scales, data = nvfp4.nvfp4_quantize(x, 16, per_tensor_scale=per_tensor)
+    packed, ours = moe.quantize_nvfp4(x, per_tensor)
+    assert torch.equal(data.view(torch.uint8).reshape(packed.shape), packed)
+    assert torch.equal(scales.view(torch.uint8).reshape(ours.shape), ours.view(torch.uint8))
+    swizzled = nvfp4.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor, is_swizzled_scales=True)
+    assert torch.equal(swizzled.scale.view(torch.uint8).flatten(), moe.to_blocked(ours).view(torch.uint8).flatten())
