@@ -219,6 +219,29 @@ def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out
     out.copy_(torch.where(valid.view(-1, 1), result.to(out.dtype), out))
 
 
+# ---- the kernels' tables, from offs on the device -----------------------------------------------------------------
+def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Tensor:
+    """The launcher's table words (`submission.gather_tables`' layout for an unswapped configuration, groups in
+    order: A, B, D addresses, then SFA, SFB addresses, then (M, N) and (K, L) as int32 pairs) computed on the
+    device from `offs`, with no synchronization: group g's A rows from offs[g-1], its SFA block from row P_g.
+    A group with no rows has M = 0. The first piece of the kernel path (docs/moe.md)."""
+    e, n, k, width = problem.experts, problem.n, problem.k, problem.width
+    ends = offs.long()
+    starts = torch.cat((ends.new_zeros(1), ends[:-1]))
+    rows = ends - starts
+    padded = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
+    first_scale_row = torch.cumsum(padded, 0) - padded  # P_g
+    experts = torch.arange(e, device=offs.device)
+    b = problem.b
+    abc = torch.stack((a.data_ptr() + starts * (k // 2),
+                       b.data_ptr() + experts * b.stride(0) * b.element_size(),
+                       out.data_ptr() + starts * (n * out.element_size())), 1).flatten()
+    sf = torch.stack((a_scale.data_ptr() + first_scale_row * width,
+                      b_scale.data_ptr() + experts * problem.b_block), 1).flatten()
+    sizes = torch.stack((rows | (n << 32), torch.full_like(rows, k | (1 << 32))), 1).flatten()
+    return torch.cat((abc, abc.new_zeros(len(abc) % 2), sf, sizes))
+
+
 # ---- the torch ops -----------------------------------------------------------------------------------------------
 @torch.library.custom_op("nvfp4_group_gemm::grouped_mm_nvfp4_out", mutates_args=("out",))
 def _grouped_mm_out(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,

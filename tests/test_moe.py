@@ -188,3 +188,45 @@ def test_quantization_is_torchaos_bit_for_bit(seed):
     assert torch.equal(scales.view(torch.uint8).reshape(ours.shape), ours.view(torch.uint8))
     swizzled = nvfp4.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor, is_swizzled_scales=True)
     assert torch.equal(swizzled.scale.view(torch.uint8).flatten(), moe.to_blocked(ours).view(torch.uint8).flatten())
+
+
+def leaderboard_view(args, out, sizes):
+    """The op's stacked operands as the leaderboard's per-group tuple (views, no copies; groups with rows)."""
+    a, b, offs = args["a"], args["b"], args["offs"].tolist()
+    width = moe.scale_width(2 * a.shape[1])
+    abc, sf, problem_sizes, row = [], [], [], 0
+    for g, (start, end) in enumerate(zip([0] + offs[:-1], offs)):
+        if end == start:
+            continue
+        abc.append((a[start:end].unsqueeze(-1), b[g].unsqueeze(-1), out[start:end].unsqueeze(-1)))
+        sfa = args["a_scale"].reshape(-1)[row * width:]  # the group's block starts at row P_g
+        sf.append((sfa, args["b_scale"][g]))
+        problem_sizes.append((end - start, b.shape[1], 2 * a.shape[1], 1))
+        row += moe.round_up(end - start, 128)
+    return abc, [None] * len(abc), sf, problem_sizes
+
+
+@pytest.mark.parametrize("sizes", [(72, 1, 129, 300), (0, 40, 0, 0, 130, 5)], ids=["every group", "empty groups"])
+def test_the_kernels_tables_come_from_offs_on_the_device_as_the_launcher_builds_them(sizes):
+    """moe.device_tables (torch ops on offs, no host copy of the sizes) against submission.gather_tables, the
+    leaderboard launcher's host tables, on the same tensors seen as per-group views; empty groups have M = 0."""
+    from nvfp4_group_gemm import submission
+    args, _ = routed(sizes)
+    out = torch.empty(sum(sizes), 256, dtype=torch.float16)
+    problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
+                          torch.float16, out)
+    words = moe.device_tables(problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out).tolist()
+    data = leaderboard_view(args, out, sizes)
+    config = submission.TILE_CONFIGS["128x128"]  # unswapped, round-robin: the groups in order
+    shape = submission.shape_plan(tuple(data[3]), -1, 148, config)
+    host = submission.gather_tables(data, shape, check=False)
+    e, kept = len(sizes), [g for g, m in enumerate(sizes) if m]
+    abc, sf_at, sizes_at = words[:3 * e], submission.table_offsets(e)[1], submission.table_offsets(e)[2]
+    g_host = len(kept)
+    host_abc, host_sf = host[:3 * g_host], host[submission.table_offsets(g_host)[1]:][:2 * g_host]
+    host_sizes = host[submission.table_offsets(g_host)[2]:]
+    assert [abc[3 * g:3 * g + 3] for g in kept] == [host_abc[3 * i:3 * i + 3] for i in range(g_host)]
+    assert [words[sf_at + 2 * g:sf_at + 2 * g + 2] for g in kept] == [host_sf[2 * i:2 * i + 2] for i in range(g_host)]
+    assert [words[sizes_at + 2 * g:sizes_at + 2 * g + 2] for g in kept] == [
+        host_sizes[2 * i:2 * i + 2] for i in range(g_host)]
+    assert all(words[sizes_at + 2 * g] & 0xFFFFFFFF == 0 for g in range(e) if not sizes[g])  # M = 0
