@@ -3,7 +3,7 @@
 # one call, logs under $OUT). Usage, from the repository root:
 #   bash scripts/gpu-check.sh            # OUT defaults to ./gpu-check-out
 # Exits 0 only if every step passed; the last line says which steps failed.
-# GPU_CHECK_STEPS picks steps (default: all, in this order): smi pytest eval overhead
+# GPU_CHECK_STEPS picks steps (default: all, in this order): smi pytest eval overhead moe
 # memcheck racecheck synccheck protocol -- e.g. two calls on one warm machine when one call's time is short.
 # racecheck passes when every race it reports is the pattern scripts/racecheck_pattern.py shows it
 # cannot see (scripts/racecheck_verdict.py reads the log; kernels compiled with line information).
@@ -14,7 +14,7 @@ OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 . scripts/cutedsl-env.sh
-steps=" ${GPU_CHECK_STEPS:-smi pytest eval overhead memcheck racecheck synccheck protocol} "
+steps=" ${GPU_CHECK_STEPS:-smi pytest eval overhead moe memcheck racecheck synccheck protocol} "
 failed=()
 # step NAME LOG COMMAND...: runs COMMAND, its output also into $OUT/LOG; a nonzero exit fails NAME.
 # (The status is read from PIPESTATUS here: a step piped into tee runs in a subshell, where it
@@ -36,6 +36,7 @@ wants pytest && step pytest pytest.log timeout "${PYTEST_TIMEOUT:-420}" \
   python3 -m pytest -q -rfEs --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-tests}
 wants eval && step eval eval.log python3 eval.py
 wants overhead && step overhead overhead.log python3 eval.py overhead
+wants moe && step moe moe.log python3 eval.py moe
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck racecheck synccheck; do
   wants $tool || continue
