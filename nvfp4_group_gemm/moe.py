@@ -274,13 +274,33 @@ def _(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype):
     return a.new_empty((a.shape[0], n), dtype=out_dtype)
 
 
-def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-                     offs: torch.Tensor, *, a_global: Optional[torch.Tensor] = None,
+def unpack_nvfp4_tensor(value, scale, global_scale, name: str):
+    """A torchao NVFP4Tensor (anything with `qdata`, `scale`, `per_tensor_scale`) as its packed data, its
+    swizzled scales (which must be the 128x4-blocked layout: is_swizzled_scales=True) and its per-tensor scale,
+    without copies; a plain tensor as it is."""
+    if isinstance(value, torch.Tensor) and not hasattr(value, "qdata"):
+        return value, scale, global_scale
+    if not all(hasattr(value, field) for field in ("qdata", "scale", "per_tensor_scale")):
+        return value, scale, global_scale  # Problem names what it is not
+    if scale is not None or global_scale is not None:
+        raise ValueError(f"grouped_mm_nvfp4: {name}: an NVFP4Tensor carries its scales: pass {name}_scale and "
+                         f"{name}_global as None")
+    if not getattr(value, "is_swizzled_scales", True):
+        raise ValueError(f"grouped_mm_nvfp4: {name}: an NVFP4Tensor with unswizzled scales: make it with "
+                         "is_swizzled_scales=True (the 128x4-blocked layout)")
+    return value.qdata, value.scale, value.per_tensor_scale
+
+
+def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor],
+                     b_scale: Optional[torch.Tensor], offs: torch.Tensor, *, a_global: Optional[torch.Tensor] = None,
                      b_global: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
                      out: Optional[torch.Tensor] = None, validate: bool = False) -> torch.Tensor:
     """out[t] = alpha_g * dequant(a[t]) @ dequant(b[g])^T for the rows t of group g (the module docstring has
     the layout); ValueError naming the argument for anything malformed, before anything runs. Returns `out`
-    (a new (T, N) tensor of `out_dtype`, default bf16, when None)."""
+    (a new (T, N) tensor of `out_dtype`, default bf16, when None). `a` or `b` may be a torchao NVFP4Tensor made
+    with is_swizzled_scales=True: its scales and per-tensor scale are used (pass that scale as None)."""
+    a, a_scale, a_global = unpack_nvfp4_tensor(a, a_scale, a_global, "a")
+    b, b_scale, b_global = unpack_nvfp4_tensor(b, b_scale, b_global, "b")
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=validate)

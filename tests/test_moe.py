@@ -230,3 +230,20 @@ def test_the_kernels_tables_come_from_offs_on_the_device_as_the_launcher_builds_
     assert [words[sizes_at + 2 * g:sizes_at + 2 * g + 2] for g in kept] == [
         host_sizes[2 * i:2 * i + 2] for i in range(g_host)]
     assert all(words[sizes_at + 2 * g] & 0xFFFFFFFF == 0 for g in range(e) if not sizes[g])  # M = 0
+
+
+def test_torchao_nvfp4_weights_go_in_without_copies():
+    """Stacked expert weights quantized by torchao (NVFP4Tensor, swizzled scales, a per-tensor scale): the op
+    reads its qdata and scale as they are (bit for bit quantize_experts's) and gives the same output."""
+    nvfp4 = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    args, (_, w) = routed((40, 0, 100, 16))
+    per_tensor = (w.abs().amax() / (6.0 * 448.0)).float()
+    weights = nvfp4.NVFP4Tensor.to_nvfp4(w, per_tensor_scale=per_tensor, is_swizzled_scales=True)
+    b, b_scale = moe.quantize_experts(w, per_tensor)
+    assert torch.equal(weights.qdata.view(torch.uint8), b) and torch.equal(
+        weights.scale.view(torch.uint8).flatten(), b_scale.view(torch.uint8).flatten())
+    ours = moe.grouped_mm_nvfp4(**dict(args, b=b, b_scale=b_scale, b_global=per_tensor))
+    theirs = moe.grouped_mm_nvfp4(**dict(args, b=weights, b_scale=None, b_global=None))
+    assert torch.equal(ours, theirs)
+    with pytest.raises(ValueError, match="b: an NVFP4Tensor carries its scales"):
+        moe.grouped_mm_nvfp4(**dict(args, b=weights))
