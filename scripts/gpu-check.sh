@@ -46,7 +46,7 @@ for tool in memcheck racecheck synccheck; do
   case $tool in
     memcheck|synccheck)
       step $tool $tool.log "$sanitizer" --tool $tool --report-api-errors no --error-exitcode 9 \
-        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} ;;
+        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe ;;
     racecheck)
       # the pattern alone first: its log shows what racecheck says of it, and that the verdict places its lines
       step racecheck-pattern racecheck-pattern.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \

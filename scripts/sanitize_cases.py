@@ -1,7 +1,9 @@
 """custom_kernel on one test shape and one benchmark shape, checked against the
-reference: run under `compute-sanitizer --tool memcheck` by scripts/gpu-check.sh.
+reference, and with --moe the MoE op on one routing with empty experts, checked
+against its CPU result: run under compute-sanitizer's tools by scripts/gpu-check.sh.
 Arguments: the test and benchmark indices (default 3 3; gpu-check.sh passes
-$SANITIZE_CASES)."""
+$SANITIZE_CASES), then --moe (memcheck and synccheck; racecheck's verdict knows
+only our kernels' pattern, not torch's)."""
 import sys
 from pathlib import Path
 
@@ -15,7 +17,9 @@ from nvfp4_group_gemm.reference import check_implementation, generate_input  # n
 submission = load_submission()  # with hopper.py's sm_90 path
 
 failed = False
-test_index, benchmark_index = (int(a) for a in (sys.argv[1:3] if len(sys.argv) >= 3 else (3, 3)))
+moe_too = "--moe" in sys.argv
+numbers = [a for a in sys.argv[1:] if a != "--moe"]
+test_index, benchmark_index = (int(a) for a in (numbers[:2] if len(numbers) >= 2 else (3, 3)))
 for path, index in ((TESTS_FILE, test_index), (BENCHMARKS_FILE, benchmark_index)):
     case = read_test_file(path)[index]
     data = generate_input(**case.args)
@@ -24,5 +28,20 @@ for path, index in ((TESTS_FILE, test_index), (BENCHMARKS_FILE, benchmark_index)
     good, message = check_implementation(data, output)
     print(f"{path.name}[{index}] {case.spec}: {'pass' if good else 'FAIL ' + message[:300]} "
           f"[{submission.code_path(torch.device('cuda'))}]")
+    failed |= not good
+
+if moe_too:  # the MoE op on one routing with a quarter of the experts empty, as the op runs on this GPU
+    from nvfp4_group_gemm import moe
+    sizes = [0, 90, 0, 130, 1, 200, 0, 63]
+    gen = torch.Generator().manual_seed(5)
+    x, w = torch.randn(sum(sizes), 512, generator=gen), torch.randn(len(sizes), 256, 512, generator=gen)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    a, a_scale = moe.quantize_tokens(x, offs)
+    b, b_scale = moe.quantize_experts(w)
+    expected = moe.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs)
+    got = moe.grouped_mm_nvfp4(*(t.cuda() for t in (a, b, a_scale, b_scale, offs)))
+    torch.cuda.synchronize()
+    good = torch.equal(got.cpu(), expected)
+    print(f"moe op, experts {sizes}: {'pass' if good else 'FAIL'}")
     failed |= not good
 sys.exit(1 if failed else 0)

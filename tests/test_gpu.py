@@ -383,9 +383,32 @@ def test_a_raw_capture_right_after_a_cold_call_replays_after_the_descriptors_are
 
 # ---- the MoE op (moe.grouped_mm_nvfp4) on the GPU -----------------------------------------------------------------
 def moe_inputs(sizes, n=256, k=512, seed=0):
+    """The op's arguments for group sizes `sizes` (tests/test_moe.py's `routed`), with per-expert global
+    scales, on the GPU."""
     from test_moe import routed
     args, _ = routed(sizes, n=n, k=k, seed=seed, global_scales=True)
     return {name: (v.cuda() if isinstance(v, torch.Tensor) else v) for name, v in args.items()}
+
+
+def random_routing(experts: int, tokens: int, seed: int, empty_share: float = 0.25):
+    """Group sizes summing to `tokens` over `experts`, about `empty_share` of the experts with no token."""
+    gen = torch.Generator().manual_seed(seed)
+    live = torch.rand(experts, generator=gen) >= empty_share
+    if not live.any():
+        live[0] = True
+    choice = torch.multinomial(live.float(), tokens, replacement=True, generator=gen) if tokens else []
+    return tuple(torch.bincount(torch.as_tensor(choice, dtype=torch.long), minlength=experts).tolist())
+
+
+@pytest.mark.parametrize("experts,tokens", [(1, 300), (8, 1000), (64, 4096), (256, 16384), (8, 0)])
+def test_moe_op_under_random_routings(experts, tokens):
+    """E in {1, 8, 64, 256}, T up to 16,384, a quarter of the experts empty, T = 0: equal to the CPU's result."""
+    from nvfp4_group_gemm import moe
+    sizes = random_routing(experts, tokens, seed=experts + tokens)
+    args = moe_inputs(sizes, n=256, k=256)
+    out = moe.grouped_mm_nvfp4(**args)
+    cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()})
+    assert out.shape == (tokens, 256) and torch.equal(out.cpu(), cpu)
 
 
 @pytest.mark.parametrize("sizes", [(72, 0, 129, 1), (0, 0, 300, 0), (0,) * 7 + (40,) + (3,) * 8],
