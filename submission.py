@@ -480,17 +480,24 @@ def stage_bytes(config: TileConfig) -> int:
 
 # ==== Tile scheduler =================================================================================================
 @cute.jit
+def group_tiles_end(problem_sizes: cute.Tensor, group, group_first_tile, tiles_m, tile_n: cutlass.Constexpr[int]):
+    """The linear tile after `group`'s last: its first tile plus its M tiles times its N' tiles (both kernels'
+    group walks: `locate_tile`, hopper.locate_narrow_last)."""
+    return group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+
+
+@cute.jit
 def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                 tile: cutlass.Int32, group: cutlass.Int32, group_first_tile: cutlass.Int32):
     """Linear tile -> (group, its first linear tile, m'-tile, n'-tile): tiles numbered group by group, M' tiles
     fastest, over the (G, 4) table M', N', K, L; the search resumes at the previous tile's group."""
     tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
-    group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+    group_end = group_tiles_end(problem_sizes, group, group_first_tile, tiles_m, tile_n)
     while tile >= group_end:
         group_first_tile = group_end
         group = group + 1
         tiles_m = ceil_div(problem_sizes[group, 0], tile_m)
-        group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+        group_end = group_tiles_end(problem_sizes, group, group_first_tile, tiles_m, tile_n)
     index_in_group = tile - group_first_tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
 

@@ -522,7 +522,7 @@ def locate_narrow_last(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.C
     as far as `submission.locate_tile` does."""
     m = problem_sizes[group, 0]
     tiles_m = sweep_m_tiles(m, tile_m, narrow, sweep)
-    group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+    group_end = submission.group_tiles_end(problem_sizes, group, group_first_tile, tiles_m, tile_n)
     while tile >= group_end:
         group_first_tile = group_end
         group = group + 1
@@ -531,7 +531,7 @@ def locate_narrow_last(problem_sizes: cute.Tensor, num_groups, tile_m: cutlass.C
             sweep = cutlass.Int32(1)
         m = problem_sizes[group, 0]
         tiles_m = sweep_m_tiles(m, tile_m, narrow, sweep)
-        group_end = group_first_tile + tiles_m * ceil_div(problem_sizes[group, 1], tile_n)
+        group_end = submission.group_tiles_end(problem_sizes, group, group_first_tile, tiles_m, tile_n)
     index = tile - group_first_tile
     m_tile = index % tiles_m
     if sweep == 1:
