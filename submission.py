@@ -1503,6 +1503,30 @@ def _memcpy_htod_async():
     return fn
 
 
+@functools.lru_cache(maxsize=None)
+def _exchange_capture_mode():
+    """The driver's cuThreadExchangeStreamCaptureMode through ctypes."""
+    fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    fn.argtypes = (ctypes.POINTER(ctypes.c_int),)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+def event_done(event: torch.cuda.Event) -> bool:
+    """event.query() that another stream's (or thread's) global-mode graph capture allows: a query is one of the
+    calls such a capture forbids, so this thread turns to relaxed capture mode around it."""
+    mode = ctypes.c_int(CAPTURE_MODE_RELAXED)
+    exchange = _exchange_capture_mode()
+    exchange(ctypes.byref(mode))
+    try:
+        return event.query()
+    finally:
+        exchange(ctypes.byref(mode))  # back to the mode this thread had
+
+
 def copy_words_to_device(words: list, target: torch.Tensor, stream: int) -> None:
     """Copy int64 `words` into the device tensor `target`, ordered on `stream` (the current one)."""
     host = (ctypes.c_int64 * len(words))(*words)
@@ -1669,8 +1693,6 @@ class LaunchPlan:
         # after them.
         self.built = torch.cuda.Event(external=True)
         self.built_seen = False  # seen complete: no launch needs to wait for it any more
-        # the stream as torch knows it (ExternalStream(0) would be a new stream, not the default one)
-        self.home_stream = torch.cuda.current_stream(device_index)
         self.used_on_other_stream = False  # its slot is read on two streams: never handed on
         self.captured = False  # launched in a CUDA graph capture: kept while its inputs live
         self.launch_by_stream = {}  # CUDA stream handle -> zero-argument launch needing no wait (the warm path)
@@ -1685,24 +1707,29 @@ class LaunchPlan:
         ask whether it is done. Once it is seen complete, a stream's launch is kept as its warm path."""
         stream = current_stream_handle(self.device_index)
         if self.built_launch is not None and stream == self.home.stream:  # the cold call (never captured)
-            self.built_launch()
-            self.built_launch = None
-            self.built.record(self.home_stream)
+            try:
+                self.built_launch()
+            finally:  # an event never recorded would read as complete
+                self.built_launch = None
+                self.built.record(torch.cuda.current_stream(self.device_index))
             return
         capturing = stream_capturing()
+        # torch's own stream object: ExternalStream(handle) of the default stream (0) would be a new stream
         on_stream = torch.cuda.current_stream(self.device_index)
         if capturing:
             self.captured = True  # the graph replays this launch: the plan's memory must stay
             if not self.built_seen:
                 self.built.wait(on_stream)
         elif not self.built_seen:
-            self.built_seen = self.built.query()
+            self.built_seen = event_done(self.built)
             if not self.built_seen and stream != self.home.stream:
                 self.built.wait(on_stream)  # the tables and descriptors are written on the plan's own stream
         if stream != self.home.stream and stream not in self.launch_by_stream:
-            # never hand the slot on; the allocator keeps the memory for this stream
+            # never hand the slot on; the allocator keeps the memory (and tables of their own) for this stream
             self.used_on_other_stream = True
             self.memory.record_stream(on_stream)
+            if self.slot is None:
+                self.tables.record_stream(on_stream)
         launch = self.launch_by_stream.get(stream) or self.host.bind(self.arguments + (1,), stream)
         if self.built_seen and not capturing:
             self.launch_by_stream[stream] = launch

@@ -20,17 +20,19 @@ Every other error is a ValueError naming the argument, raised before anything ru
 Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
 with fake implementations, so torch.compile traces through it. The computation here is the portable one
 (dequantize, then torch._grouped_mm on CUDA, which reads `offs` on the device; a loop over the groups on the
-CPU); it is exact up to fp32 summation order.
+CPU); it is exact up to fp32 summation order, except that on a GPU torch._grouped_mm rounds to bf16 before
+the global scales and an fp16 output are applied (one more rounding there).
 """
 from typing import Optional, Tuple
 
 import torch
 
-from .reference import E2M1_TABLE, E4M3_TABLE
 
 SF_VEC_SIZE = 16  # K elements per scale factor
 BLOCK_ROWS = 128  # rows of one blocked scale-factor block
 OUT_DTYPES = (torch.bfloat16, torch.float16)
+# Where torch._grouped_mm runs on the GPU without reading offs on the host (elsewhere it falls back to a loop)
+GROUPED_MM_DEVICES = ((9, 0), (10, 0))
 FP4_DTYPES = tuple(d for d in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if d is not None)
 SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
@@ -77,8 +79,9 @@ class Problem:
                 fail(name, f"on {value.device}, a is on {device}")
         if a.dtype not in FP4_DTYPES:
             fail("a", f"dtype {a.dtype}, expected packed E2M1 ({', '.join(map(str, FP4_DTYPES))})")
-        if a.dim() != 2 or (a.shape[0] > 0 and a.stride(1) != 1):
-            fail("a", f"shape {tuple(a.shape)} strides {a.stride()}: expected (T, K/2) with K/2 contiguous")
+        if a.dim() != 2 or (a.shape[0] > 0 and (a.stride(1) != 1 or a.stride(0) != a.shape[1])):
+            fail("a", f"shape {tuple(a.shape)} strides {a.stride()}: expected (T, K/2), rows contiguous and "
+                 "packed (a row every K/2 bytes)")
         self.tokens, self.k = a.shape[0], 2 * a.shape[1]
         if self.k == 0 or self.k % SF_VEC_SIZE:
             fail("a", f"K = {self.k} (2 x a.shape[1]): expected a positive multiple of {SF_VEC_SIZE}")
@@ -87,9 +90,9 @@ class Problem:
         if b.dim() != 3:
             fail("b", f"shape {tuple(b.shape)}: expected (E, N, K/2) or its (E, K/2, N) transposed view")
         half_k = self.k // 2
-        if b.shape[2] == half_k and b.stride(2) == 1:
+        if b.shape[2] == half_k and b.stride(2) == 1 and b.stride(1) == half_k:
             self.b = b  # (E, N, K/2), K-major
-        elif b.shape[1] == half_k and b.stride(1) == 1:
+        elif b.shape[1] == half_k and b.stride(1) == 1 and b.stride(2) == half_k:
             self.b = b.transpose(1, 2)  # torch's (E, K/2, N) view of the K-major weights
         else:
             fail("b", f"shape {tuple(b.shape)} strides {b.stride()}: expected (E, N, {half_k}) with K contiguous, "
@@ -100,6 +103,8 @@ class Problem:
         if offs.dtype != torch.int32 or offs.shape != (self.experts,):
             fail("offs", f"dtype {offs.dtype} shape {tuple(offs.shape)}: expected int32 ({self.experts},), one "
                  "cumulative end row per expert of b")
+        if offs.stride(0) != 1:
+            fail("offs", f"stride {offs.stride(0)}: expected contiguous (kernels read it as an array)")
         self.width = scale_width(self.k)
         for name, scale in (("a_scale", a_scale), ("b_scale", b_scale)):
             if scale.dtype not in SCALE_DTYPES:
@@ -157,13 +162,15 @@ def scale_offsets(rows: torch.Tensor, columns: int, width: int) -> torch.Tensor:
             + c % 4)
 
 
-_tables = {}  # device -> (E2M1, E4M3) decoding tables there: copied once, never during a graph capture
-
-
 def decoding_tables(device: torch.device):
-    if device not in _tables:
-        _tables[device] = (E2M1_TABLE.to(device), E4M3_TABLE.to(device))
-    return _tables[device]
+    """The E2M1 (16) and E4M3 (256) values, computed on `device` (no copy from the host, which a CUDA graph
+    capture would refuse); the same as reference.E2M1_TABLE and E4M3_TABLE (tests/test_moe.py)."""
+    codes = torch.arange(16, device=device)
+    sign = 1 - 2 * ((codes >> 3) & 1).float()
+    exponent, mantissa = (codes >> 1) & 3, (codes & 1).float()
+    e2m1 = torch.where(exponent == 0, mantissa * 0.5, (1 + mantissa * 0.5) * torch.exp2((exponent - 1).float()))
+    e4m3 = torch.arange(256, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).float()
+    return e2m1 * sign, e4m3
 
 
 def decode(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -186,7 +193,8 @@ def group_rows(offs: torch.Tensor, tokens: int) -> Tuple[torch.Tensor, torch.Ten
     rows = torch.arange(tokens, device=offs.device)
     group = torch.searchsorted(ends, rows, right=True)
     g = group.clamp(max=ends.numel() - 1)
-    return group, first_scale_row[g] + rows - starts[g], starts
+    in_group = group < ends.numel()  # rows past offs[-1] read scale row 0 (their results are never written)
+    return group, torch.where(in_group, first_scale_row[g] + rows - starts[g], 0), starts
 
 
 def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
@@ -206,11 +214,13 @@ def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out
         if scale is not None:
             alpha = alpha * scale
     valid = group < e
-    if a.is_cuda and torch.cuda.get_device_capability(a.device) >= (9, 0):
-        # bf16 holds every dequantized value exactly (at most 6 significant bits); fp32 accumulation
+    if a.is_cuda and torch.cuda.get_device_capability(a.device) in GROUPED_MM_DEVICES:
+        # bf16 holds every dequantized value exactly (at most 6 significant bits); fp32 accumulation, rounded
+        # to bf16 (torch._grouped_mm's output is its inputs' dtype): exact for bf16 without global scales,
+        # else rounded twice
         result = torch._grouped_mm(a_values.to(torch.bfloat16), b_values.to(torch.bfloat16).transpose(1, 2),
-                                   offs=offs, out_dtype=torch.float32)
-    else:  # the CPU (and GPUs before sm_90, where this reads the group sizes on the host)
+                                   offs=offs).float()
+    else:  # the CPU (and GPUs torch._grouped_mm runs only through a host fallback: the sizes read here)
         result = torch.zeros(t, n, dtype=torch.float32, device=a.device)
         for x, (start, end) in enumerate(zip(starts.tolist(), offs.tolist())):
             if end > start:
@@ -325,16 +335,18 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: Optional[torch.Tensor] = None)
     blocks = x.float().reshape(rows, k // SF_VEC_SIZE, SF_VEC_SIZE)
     amax = blocks.abs().amax(-1)
     decode_scale = 1.0 if global_scale is None else global_scale.float()
-    scales = (amax / E2M1_MAX / decode_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    # at least E4M3's smallest normal value (2^-6), as torchao's quantizer: a block of zeros gets it too
+    scales = (amax / E2M1_MAX / decode_scale).clamp(min=torch.finfo(torch.float8_e4m3fn).tiny, max=E4M3_MAX)
+    scales = scales.to(torch.float8_e4m3fn)
     block_scale = scales.float() * decode_scale
-    scaled = torch.where(block_scale.unsqueeze(-1) > 0, blocks / block_scale.unsqueeze(-1), torch.zeros_like(blocks))
-    table = E2M1_TABLE[:8].to(x.device)  # the non-negative codes 0..7
+    scaled = blocks / block_scale.unsqueeze(-1)
+    table = decoding_tables(x.device)[0][:8]  # the non-negative codes 0..7
     magnitude = scaled.abs().clamp(max=E2M1_MAX).unsqueeze(-1)
     distance = (magnitude - table).abs()
     # the nearest value; on an exact tie the even code (round half to even)
     nearest = distance == distance.amin(-1, keepdim=True)
     code = torch.where(nearest, torch.arange(8, device=x.device) % 2, 2).argmin(-1)
-    code = code | (scaled < 0).long() << 3  # the sign of a value rounded to zero too (-0), as torchao keeps it
+    code = code | torch.signbit(scaled).long() << 3  # the sign of -0 and of values rounded to 0 too, as torchao
     code = code.reshape(rows, k).to(torch.uint8)
     packed = code[:, 0::2] | (code[:, 1::2] << 4)
     return packed, scales

@@ -360,17 +360,22 @@ def test_a_raw_capture_right_after_a_cold_call_replays_after_the_descriptors_are
     submission.custom_kernel(generate_input((64,), (128,), (256,), 1, seed=62))  # compiles outside the test
     side = torch.cuda.Stream()
     warm_up_graph_capture(side)  # torch's first capture in a process waits for the device
+    for c in outputs(data):
+        c.fill_(float("nan"))
+    torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)
     submission.custom_kernel(data)  # cold: builder and first GEMM queued behind the sleep
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         graph.capture_begin()
         submission.custom_kernel(data)
+        # what the replay's GEMM wrote, copied in the graph right after it: NaN if it ran before the first GEMM
+        snapshots = [c.clone() for c in outputs(data)]
         graph.capture_end()
         graph.replay()
     assert not torch.cuda.current_stream().query(), "the plan's stream was not busy: the test proves nothing"
     torch.cuda.synchronize()
-    ok, message = check_implementation(data, outputs(data))
+    ok, message = check_implementation(data, snapshots)
     assert ok, message
     for c in outputs(data):  # and again, now that everything is complete
         c.fill_(float("nan"))
@@ -382,11 +387,10 @@ def test_a_raw_capture_right_after_a_cold_call_replays_after_the_descriptors_are
 
 
 # ---- the MoE op (moe.grouped_mm_nvfp4) on the GPU -----------------------------------------------------------------
-def moe_inputs(sizes, n=256, k=512, seed=0):
-    """The op's arguments for group sizes `sizes` (tests/test_moe.py's `routed`), with per-expert global
-    scales, on the GPU."""
+def moe_inputs(sizes, n=256, k=512, seed=0, global_scales=False):
+    """The op's arguments for group sizes `sizes` (tests/test_moe.py's `routed`) on the GPU."""
     from test_moe import routed
-    args, _ = routed(sizes, n=n, k=k, seed=seed, global_scales=True)
+    args, _ = routed(sizes, n=n, k=k, seed=seed, global_scales=global_scales)
     return {name: (v.cuda() if isinstance(v, torch.Tensor) else v) for name, v in args.items()}
 
 
@@ -402,13 +406,24 @@ def random_routing(experts: int, tokens: int, seed: int, empty_share: float = 0.
 
 @pytest.mark.parametrize("experts,tokens", [(1, 300), (8, 1000), (64, 4096), (256, 16384), (8, 0)])
 def test_moe_op_under_random_routings(experts, tokens):
-    """E in {1, 8, 64, 256}, T up to 16,384, a quarter of the experts empty, T = 0: equal to the CPU's result."""
+    """E in {1, 8, 64, 256}, T up to 16,384, a quarter of the experts empty, T = 0: equal to the CPU's result
+    (bf16, no global scales: one rounding of fp32 sums on both)."""
     from nvfp4_group_gemm import moe
     sizes = random_routing(experts, tokens, seed=experts + tokens)
     args = moe_inputs(sizes, n=256, k=256)
     out = moe.grouped_mm_nvfp4(**args)
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()})
     assert out.shape == (tokens, 256) and torch.equal(out.cpu(), cpu)
+
+
+def test_moe_op_with_global_scales_on_the_gpu_within_one_rounding():
+    """Per-expert global scales: torch._grouped_mm's bf16 output is scaled after its rounding, so the portable
+    path on a GPU is within one bf16 rounding of the CPU's (the kernels will apply them before it)."""
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((72, 0, 129, 1), global_scales=True)
+    out = moe.grouped_mm_nvfp4(**args).float().cpu()
+    cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()})
+    assert ((out - cpu.float()).abs() <= 2 ** -7 * cpu.float().abs()).all()
 
 
 @pytest.mark.parametrize("sizes", [(72, 0, 129, 1), (0, 0, 300, 0), (0,) * 7 + (40,) + (3,) * 8],

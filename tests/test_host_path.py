@@ -428,6 +428,28 @@ def test_gpu_launches_not_ordered_by_their_stream_wait_for_the_plans_first_launc
 
 
 @needs_cuda
+def test_gpu_a_launch_beside_another_streams_capture_does_not_break_it():
+    """While torch.cuda.graph captures on its own stream, a launch of a plan not yet seen complete on another
+    stream asks whether the builder is done: a query a global-mode capture forbids, made in relaxed mode."""
+    from nvfp4_group_gemm import hostbench
+    launcher = submission.GroupedGemmLauncher(compile_fn=hostbench.standin_compile)
+    launcher(generate_input((64,), (128,), (256,), 1, seed=1))  # compiles outside the test
+    data = generate_input((64, 200), (256, 512), (512, 256), 2, seed=3)
+    scratch, other = torch.zeros(1, device="cuda"), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    launcher(data)  # cold, still queued: the next launch elsewhere queries its event
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scratch.add_(1)
+        with torch.cuda.stream(other):
+            launcher(data)  # not captured: `other` is not the capturing stream
+    graph.replay()
+    torch.cuda.synchronize()
+    assert scratch.item() == 1 and recorded(launcher, data) == expected_record(data, plan_ready=1)
+
+
+@needs_cuda
 def test_gpu_launcher_uses_the_direct_argument_path_where_the_release_allows():
     from nvfp4_group_gemm import hostbench
     compiled = hostbench.standin_compile(None).gemm

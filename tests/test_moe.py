@@ -120,7 +120,7 @@ def test_quantization_round_trips_values_it_can_represent():
 
 MALFORMED = [
     ("a", lambda a: dict(a, a=a["a"].float()), "a: dtype torch.float32"),
-    ("a", lambda a: dict(a, a=a["a"][:, :7]), "a: K = 14"),
+    ("a", lambda a: dict(a, a=a["a"][:, :7].contiguous()), "a: K = 14"),
     ("b", lambda a: dict(a, b=a["b"][:, :, :100]), "b: shape (3, 256, 100)"),
     ("b", lambda a: dict(a, b=a["b"][0]), "b: shape (256, 256): expected (E, N, K/2)"),
     ("offs", lambda a: dict(a, offs=a["offs"].long()), "offs: dtype torch.int64"),
@@ -175,12 +175,14 @@ def test_the_fake_implementation_gives_the_shape_without_data():
     assert out.shape == (100, 256) and out.dtype == torch.float16
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_quantization_is_torchaos_bit_for_bit(seed):
     """moe.quantize_nvfp4 against torchao's NVFP4 quantizer (a dev dependency), with and without a per-tensor
     scale: the same E4M3 scales, the same packed bytes; and torchao's swizzled scales are moe.to_blocked's."""
     nvfp4 = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
-    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(seed)) * (seed + 1) ** 2
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(seed)) * [1, 4, 9, 16, 0.02, 0.001][seed]
+    x[0, :16] = 0.0  # a block of zeros
+    x[1, :8] = -0.0  # negative zeros
     per_tensor = None if seed % 2 else (x.abs().amax() / (6.0 * 448.0)).float()
     scales, data = nvfp4.nvfp4_quantize(x, 16, per_tensor_scale=per_tensor)
     packed, ours = moe.quantize_nvfp4(x, per_tensor)
@@ -247,3 +249,33 @@ def test_torchao_nvfp4_weights_go_in_without_copies():
     assert torch.equal(ours, theirs)
     with pytest.raises(ValueError, match="b: an NVFP4Tensor carries its scales"):
         moe.grouped_mm_nvfp4(**dict(args, b=weights))
+
+
+def test_the_decoding_tables_are_the_references_and_made_on_the_device():
+    from nvfp4_group_gemm.reference import E2M1_TABLE, E4M3_TABLE
+    e2m1, e4m3 = moe.decoding_tables(torch.device("cpu"))
+    assert torch.equal(e2m1, E2M1_TABLE)
+    assert torch.equal(torch.nan_to_num(e4m3, nan=-1.0), torch.nan_to_num(E4M3_TABLE, nan=-1.0))
+
+
+def test_rows_past_the_last_group_read_no_scale_beyond_the_groups_blocks():
+    """Rows past offs[-1] belong to no group: they must not index the scale buffer past P_E (validate=True
+    accepts a buffer of exactly P_E rows)."""
+    args, _ = routed((256,), rows=0)
+    args["offs"] = torch.tensor([1], dtype=torch.int32)  # one row in the group: P_E = 128 rows
+    args["a_scale"] = args["a_scale"][:128]
+    out = torch.zeros(256, 256, dtype=torch.bfloat16)
+    moe.grouped_mm_nvfp4(**args, out=out, validate=True)
+    assert (out[1:] == 0).all()
+
+
+def test_strides_the_kernels_cannot_take_are_refused():
+    args, _ = routed((40, 0, 20))
+    big = torch.zeros(6, dtype=torch.int32)
+    big[::2] = args["offs"]
+    with pytest.raises(ValueError, match="offs: stride 2"):
+        moe.grouped_mm_nvfp4(**dict(args, offs=big[::2]))
+    wide = torch.zeros(60, 512, dtype=torch.uint8)
+    wide[:, :256] = args["a"]
+    with pytest.raises(ValueError, match="a: shape .60, 256. strides .512, 1."):
+        moe.grouped_mm_nvfp4(**dict(args, a=wide[:, :256]))
