@@ -1517,10 +1517,15 @@ CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
 
 def event_done(event: torch.cuda.Event) -> bool:
     """event.query() that another stream's (or thread's) global-mode graph capture allows: a query is one of the
-    calls such a capture forbids, so this thread turns to relaxed capture mode around it."""
+    calls such a capture forbids, so this thread turns to relaxed capture mode around it (a plain query where
+    the driver's call cannot be had)."""
+    try:
+        exchange = _exchange_capture_mode()
+    except (OSError, AttributeError):
+        return event.query()
     mode = ctypes.c_int(CAPTURE_MODE_RELAXED)
-    exchange = _exchange_capture_mode()
-    exchange(ctypes.byref(mode))
+    if exchange(ctypes.byref(mode)) != 0:
+        return event.query()
     try:
         return event.query()
     finally:

@@ -523,3 +523,25 @@ def test_resident_clusters_asks_the_dsls_occupancy_query_and_caps_it(monkeypatch
         assert submission.resident_clusters(2, 2) == 74  # no answer (here: a KeyError): SMs // 2, as before
     finally:
         submission.resident_clusters.cache_clear()
+
+
+def test_the_builder_query_runs_in_relaxed_capture_mode_and_restores_the_threads(monkeypatch):
+    """event_done swaps this thread to relaxed capture mode for the query and back to the mode it had."""
+    modes, queried = [0], []  # the thread's mode, as the driver keeps it
+
+    def exchange(pointer):
+        modes[0], pointer._obj.value = pointer._obj.value, modes[0]
+        return 0
+
+    class Event:
+        def query(self):
+            queried.append(modes[0])
+            return True
+    monkeypatch.setattr(submission, "_exchange_capture_mode", lambda: exchange)
+    assert submission.event_done(Event()) is True
+    assert queried == [submission.CAPTURE_MODE_RELAXED] and modes == [0]
+
+    def missing():
+        raise OSError("no libcuda here")
+    monkeypatch.setattr(submission, "_exchange_capture_mode", missing)
+    assert submission.event_done(Event()) is True  # a plain query
