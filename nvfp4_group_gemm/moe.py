@@ -204,22 +204,24 @@ def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out
     if t == 0:
         return
     group, scale_row, starts = group_rows(offs, t)
+    # bf16 holds every dequantized value exactly (at most 6 significant bits): the GPU path keeps them so,
+    # expert by expert (2 bytes an element of B at its peak, not fp32's 4 and a bf16 copy)
+    grouped_mm = a.is_cuda and torch.cuda.get_device_capability(a.device) in GROUPED_MM_DEVICES
+    dtype = torch.bfloat16 if grouped_mm else torch.float32
     a_bytes = a_scale.reshape(-1).view(torch.uint8)
-    a_values = decode(a, a_bytes[scale_offsets(scale_row, k // SF_VEC_SIZE, width)])
+    a_values = decode(a, a_bytes[scale_offsets(scale_row, k // SF_VEC_SIZE, width)]).to(dtype)
     b_rows = scale_offsets(torch.arange(n, device=a.device), k // SF_VEC_SIZE, width)
     b_bytes = b_scale.reshape(e, -1).view(torch.uint8)
-    b_values = torch.stack([decode(problem.b[x], b_bytes[x][b_rows]) for x in range(e)])  # (E, N, K)
+    b_values = torch.stack([decode(problem.b[x], b_bytes[x][b_rows]).to(dtype) for x in range(e)])  # (E, N, K)
     alpha = torch.ones(e, dtype=torch.float32, device=a.device)
     for scale in (a_global, b_global):
         if scale is not None:
             alpha = alpha * scale
     valid = group < e
-    if a.is_cuda and torch.cuda.get_device_capability(a.device) in GROUPED_MM_DEVICES:
-        # bf16 holds every dequantized value exactly (at most 6 significant bits); fp32 accumulation, rounded
-        # to bf16 (torch._grouped_mm's output is its inputs' dtype): exact for bf16 without global scales,
-        # else rounded twice
-        result = torch._grouped_mm(a_values.to(torch.bfloat16), b_values.to(torch.bfloat16).transpose(1, 2),
-                                   offs=offs).float()
+    if grouped_mm:
+        # fp32 accumulation, rounded to bf16 (torch._grouped_mm's output is its inputs' dtype): exact for bf16
+        # without global scales, else rounded twice
+        result = torch._grouped_mm(a_values, b_values.transpose(1, 2), offs=offs).float()
     else:  # the CPU (and GPUs torch._grouped_mm runs only through a host fallback: the sizes read here)
         result = torch.zeros(t, n, dtype=torch.float32, device=a.device)
         for x, (start, end) in enumerate(zip(starts.tolist(), offs.tolist())):
