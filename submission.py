@@ -1729,13 +1729,13 @@ class LaunchPlan:
             self.built_seen = event_done(self.built)
             if not self.built_seen and stream != self.home.stream:
                 self.built.wait(on_stream)  # the tables and descriptors are written on the plan's own stream
-        if stream != self.home.stream and stream not in self.launch_by_stream:
+        if stream != self.home.stream:
             # never hand the slot on; the allocator keeps the memory (and tables of their own) for this stream
             self.used_on_other_stream = True
             self.memory.record_stream(on_stream)
             if self.slot is None:
                 self.tables.record_stream(on_stream)
-        launch = self.launch_by_stream.get(stream) or self.host.bind(self.arguments + (1,), stream)
+        launch = self.host.bind(self.arguments + (1,), stream)  # a stream with a warm path never comes here
         if self.built_seen and not capturing:
             self.launch_by_stream[stream] = launch
         launch()
