@@ -183,13 +183,19 @@ def decode(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return values * block.repeat_interleave(SF_VEC_SIZE, dim=1)
 
 
+def group_starts(offs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each group's first row in a and its first row P_g in the scale buffer, from offs on its device (int64)."""
+    ends = offs.long()
+    starts = torch.cat((ends.new_zeros(1), ends[:-1]))
+    padded = (ends - starts + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
+    return starts, torch.cumsum(padded, 0) - padded
+
+
 def group_rows(offs: torch.Tensor, tokens: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row of a, on offs's device and without reading it on the host: its group (E for rows past offs[-1]),
     its row in the scale buffer (P_g + row - start_g), and the groups' start rows."""
     ends = offs.long()
-    starts = torch.cat((ends.new_zeros(1), ends[:-1]))
-    padded = (ends - starts + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
-    first_scale_row = torch.cumsum(padded, 0) - padded  # P_g
+    starts, first_scale_row = group_starts(offs)
     rows = torch.arange(tokens, device=offs.device)
     group = torch.searchsorted(ends, rows, right=True)
     g = group.clamp(max=ends.numel() - 1)
@@ -238,11 +244,8 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
     device from `offs`, with no synchronization: group g's A rows from offs[g-1], its SFA block from row P_g.
     A group with no rows has M = 0. The first piece of the kernel path (docs/moe.md)."""
     e, n, k, width = problem.experts, problem.n, problem.k, problem.width
-    ends = offs.long()
-    starts = torch.cat((ends.new_zeros(1), ends[:-1]))
-    rows = ends - starts
-    padded = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
-    first_scale_row = torch.cumsum(padded, 0) - padded  # P_g
+    starts, first_scale_row = group_starts(offs)
+    rows = offs.long() - starts
     experts = torch.arange(e, device=offs.device)
     b = problem.b
     abc = torch.stack((a.data_ptr() + starts * (k // 2),
