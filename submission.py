@@ -207,12 +207,16 @@ class TileConfig:
     cta_group: int = 1
     pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
     schedule: Schedule = Schedule()
+    # The MoE op's form: the builder computes the tables from the groups' end rows on the device
+    # (`build_from_offsets`), so the GEMM reads them, and the tile count, only after griddepcontrol.wait
+    device_offsets: bool = False
 
     @property
     def tile_name(self) -> str:
         """The tile configuration's name ("128x128", "swap-128x256", "2cta-256x256", ...)."""
         return ((f"{self.cta_group}cta-" if self.cta_group > 1 else "") + ("swap-" if self.swap_ab else "")
-                + f"{self.tile_m}x{self.tile_n}" + ("" if self.pdl else "-no-pdl"))
+                + f"{self.tile_m}x{self.tile_n}" + ("" if self.pdl else "-no-pdl")
+                + ("-offs" if self.device_offsets else ""))
 
     @property
     def name(self) -> str:
@@ -268,6 +272,8 @@ class PlanLayout:
 
 TileConfig.plan_layout = PlanLayout()
 TILE_CONFIGS = {c.tile_name: c for c in (TileConfig(128, 128), TileConfig(128, 256, swap_ab=True))}
+# The MoE op's form (nvfp4_group_gemm/moe.py): group sizes on the device, so no shape-based choice
+MOE_CONFIG = TileConfig(128, 128, device_offsets=True)
 # 2-CTA configurations (a (2,1) cluster per tile): compiled and tested, never the model's choice until they have
 # run on a B200; CONFIG_POLICY may name them ("2cta-256x256/contiguous", ...)
 PAIR_CONFIGS = {c.tile_name: c for c in (TileConfig(256, 256, cta_group=2),
@@ -502,6 +508,18 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
 
 
+@cute.jit
+def tiles_to_walk(problem_sizes: cute.Tensor, total_tiles, device_offsets: cutlass.Constexpr[bool]):
+    """The linear tile count the CTAs walk: the host's `total_tiles`, or (the MoE form, `device_offsets`) the
+    one `build_from_offsets` wrote after the (G, 4) sizes table, read after griddepcontrol.wait: a kernel
+    wrote the tables, so nothing of them may be read before that kernel's end."""
+    total = total_tiles
+    if cutlass.const_expr(device_offsets):
+        cute.arch.griddepcontrol_wait()
+        total = cute.make_tensor(problem_sizes.iterator + 4 * problem_sizes.shape[0], cute.make_layout(1))[0]
+    return total
+
+
 class WorkTile(NamedTuple):
     """One tile of D': group, M'- and N'-tile, and whether it is the CTA's first (its descriptors not yet fetched)."""
     group: object
@@ -677,6 +695,37 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups):
     return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
 
 
+@cute.jit
+def group_from_offsets(offs: cute.Tensor, group, num_groups, tokens, tile_m: cutlass.Constexpr[int], tiles_n):
+    """From the groups' end rows (a warp, each lane a share of the groups): `group`'s first row in A, its first
+    row P_g in the blocked SFA (the groups before it, each rounded up to 128 rows), and every group's tiles
+    (ceil(m / tile_m) x `tiles_n`). Ends past T count as T, and a group ending before it starts has no rows."""
+    lane = cute.arch.lane_idx()
+    start, scale_row, tiles = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+    for first in cutlass.range(0, num_groups, 32, unroll=1):
+        g = first + lane
+        m = cutlass.Int32(0)
+        if g < num_groups:
+            end = offs[g]
+            if end > tokens:
+                end = tokens
+            begin = cutlass.Int32(0)
+            if g > 0:
+                begin = offs[g - 1]
+                if begin > tokens:
+                    begin = tokens
+            m = end - begin
+            if m < 0:
+                m = cutlass.Int32(0)
+        if g < group:
+            start += m
+            scale_row += (m + 127) // 128 * 128
+        tiles += (m + tile_m - 1) // tile_m * tiles_n
+    add = lambda x, y: x + y
+    return (cute.arch.warp_reduction(start, add), cute.arch.warp_reduction(scale_row, add),
+            cute.arch.warp_reduction(tiles, add))
+
+
 class DescriptorBuilder:
     """The descriptor builder both kernels share: a small kernel, one warp per group, that writes each group's
     TMA descriptors into the plan's table once per input (`write_group_tensormaps`). A kernel class supplies
@@ -708,6 +757,71 @@ class DescriptorBuilder:
 
     def after_descriptors(self, tables, group) -> None:
         """Nothing by default (after write_group_tensormaps's griddepcontrol.wait)."""
+
+    # ---- The MoE form (`TileConfig.device_offsets`): the tables too, from the groups' end rows on the device -----
+    @cute.jit
+    def build_from_offsets(self, ptr_offs: cute.Pointer, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer,
+                           ptr_sf: cute.Pointer, ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32,
+                           tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_address: cutlass.Int64,
+                           b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
+                           sfb_address: cutlass.Int64, stream):
+        """The MoE form's builder (host function; `OFFSETS_BUILDER_ARGUMENTS`): offs (G,) Int32, each group's
+        end row in A; the tables it writes (the GEMM's arguments: sizes (G + 1, 4), the tile count after the
+        last group's row; abc, sf; the descriptor table); G, T, N, K; the base addresses of A (T, K/2), B
+        (G, N, K/2), D (T, N), SFA (blocked, group g's block from row P_g) and SFB (G blocked blocks)."""
+        if cutlass.const_expr(self.config.swap_ab or not self.config.device_offsets):
+            raise ValueError(f"{self.config.name}: only an unswapped configuration with device_offsets builds "
+                             "its tables from offs")
+        atoms = self.descriptor_atoms()
+        self.tensormap_staging = tensormap_staging(len(atoms))
+        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
+            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
+        offs = cute.make_tensor(ptr_offs, cute.make_layout(num_groups))
+        self.offsets_builder(atoms, offs, problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, tokens, n, k,
+                             a_address, b_address, c_address, sfa_address, sfb_address).launch(
+            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
+            use_pdl=self.config.pdl)
+
+    @cute.kernel
+    def offsets_builder(self, atoms: tuple, offs: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
+                        sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32,
+                        tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_address: cutlass.Int64,
+                        b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
+                        sfb_address: cutlass.Int64):
+        """One warp per group, all after griddepcontrol.wait (offs may be the previous kernel's output, and the
+        tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`), the tile count
+        (group 0), then its descriptors from the rows it wrote."""
+        _, _, group = cute.arch.block_idx()
+        staging = SmemAllocator().allocate(self.tensormap_staging)
+        cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading anything
+        cute.arch.griddepcontrol_wait()
+        start, scale_row, tiles = group_from_offsets(offs, group, num_groups, tokens, self.config.tile_m,
+                                                     ceil_div(n, self.config.tile_n))
+        if cute.arch.lane_idx() == 0:
+            width = ceil_div(k // SF_VEC_SIZE, 4) * 4  # bytes of a blocked scale row
+            end = offs[group]
+            if end > tokens:
+                end = tokens
+            m = end - start
+            if m < 0:
+                m = cutlass.Int32(0)
+            problem_sizes[group, 0] = m
+            problem_sizes[group, 1] = n
+            problem_sizes[group, 2] = k
+            problem_sizes[group, 3] = cutlass.Int32(1)
+            abc_ptrs[group, 0] = a_address + cutlass.Int64(start) * cutlass.Int64(k // 2)
+            abc_ptrs[group, 1] = b_address + cutlass.Int64(group) * cutlass.Int64(n) * cutlass.Int64(k // 2)
+            abc_ptrs[group, 2] = c_address + cutlass.Int64(start) * cutlass.Int64(n) * 2
+            sf_ptrs[group, 0] = sfa_address + cutlass.Int64(scale_row) * cutlass.Int64(width)
+            sf_ptrs[group, 1] = sfb_address + (cutlass.Int64(group) * cutlass.Int64(ceil_div(n, 128) * 128)
+                                               * cutlass.Int64(width))
+            if group == 0:
+                problem_sizes[num_groups, 0] = tiles
+        cute.arch.sync_warp()  # lane 0's rows, read back by the whole warp (bar.warp.sync orders memory)
+        tables = (problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups)
+        write_group_tensormaps(atoms, self.group_descriptor_tensors(tables, group, start), tensormaps, group,
+                               staging)
+        self.after_descriptors(tables, group)
 
 
 # ==== The B200 kernel ================================================================================================
@@ -876,7 +990,8 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         return atom_a, atom_b, atom_sfa, atom_sfb, atom_c
 
     @cute.jit
-    def group_descriptor_tensors(self, tables, group):
+    def group_descriptor_tensors(self, tables, group, start=None):
+        """A', B', SFA', SFB', D' of `group` from its rows of the tables (`start`, its first row in A, unused)."""
         problem_sizes, abc_ptrs, sf_ptrs, _, _ = tables
         d = self.output_tensor(problem_sizes[group, 0], problem_sizes[group, 1], abc_ptrs[group, 2])
         return (*self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), d)
@@ -966,6 +1081,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         tmem_alloc_barrier = self.make_tmem_alloc_barrier()
 
         # every role walks the same tiles, each with its own copy of this state
+        total_tiles = tiles_to_walk(problem_sizes, total_tiles, self.config.device_offsets)
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
         if warp_idx == self.roles.tma_warp:
@@ -1262,7 +1378,12 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
 
 # ==== Compilation: one kernel per (configuration, architecture) ======================================================
 # Two host functions of one kernel object, same arguments: the descriptor builder (once per input) and the GEMM.
-CompiledGemm = NamedTuple("CompiledGemm", [("gemm", object), ("build_tensormaps", object), ("kernel", object)])
+# The MoE form (`device_offsets`) adds a third: the builder that computes the tables from offs.
+class CompiledGemm(NamedTuple):
+    gemm: object
+    build_tensormaps: object
+    kernel: object
+    build_from_offsets: object = None
 _compiled: Dict[tuple, CompiledGemm] = {}
 
 
@@ -1281,8 +1402,11 @@ def compile_grouped_gemm(config: TileConfig) -> CompiledGemm:
     key = (config.compile_key, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
+        from_offsets = None
+        if config.device_offsets:
+            from_offsets = compile_with_placeholders(kernel.build_from_offsets, OFFSETS_BUILDER_ARGUMENTS)
         _compiled[key] = CompiledGemm(compile_with_placeholders(kernel),
-                                      compile_with_placeholders(kernel.build_tensormaps), kernel)
+                                      compile_with_placeholders(kernel.build_tensormaps), kernel, from_offsets)
         freeze_long_lived_objects()
     return _compiled[key]
 
@@ -1297,15 +1421,13 @@ def freeze_long_lived_objects() -> None:
     gc.freeze()
 
 
-def compile_with_placeholders(kernel):
+def compile_with_placeholders(kernel, spec: "ArgumentSpec" = None):
     """cute.compile of a host function (a kernel object's `__call__` or `build_tensormaps`, this module's or
-    hopper.py's: all take the same arguments, `host_arguments`) with placeholder arguments: only their types
-    matter."""
-    null = lambda dtype, align=16: make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
-    return cute.compile(
-        kernel, null(cutlass.Int32), null(cutlass.Int64), null(cutlass.Int64),
-        null(cutlass.Int64, BYTES_PER_TENSORMAP), cutlass.Int32(1), cutlass.Int32(1),
-        cutlass.Int32(1), cutlass.Int32(0), make_fake_stream())
+    hopper.py's, all of `GEMM_ARGUMENTS`; or `build_from_offsets`, of `OFFSETS_BUILDER_ARGUMENTS`) with
+    placeholder arguments: only their types matter."""
+    spec = spec or GEMM_ARGUMENTS
+    return cute.compile(kernel, *spec.convert(tuple(0 if w == 8 else 1 for w in spec.widths[:-1])),
+                        make_fake_stream())
 
 
 # ==== Input validation (host only; runs before any launch) ===========================================================
@@ -1576,6 +1698,29 @@ def host_arguments(values):
             cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas), cutlass.Int32(ready))
 
 
+class ArgumentSpec(NamedTuple):
+    """A compiled host function's arguments as `HostFunction` stores them: each value's bytes (the stream's last)
+    and the conversion of the values (less the stream) to the DSL's objects."""
+    widths: Tuple[int, ...]
+    convert: Callable
+
+
+GEMM_ARGUMENTS = ArgumentSpec(HOST_ARG_WIDTHS, host_arguments)
+
+
+def offsets_builder_arguments(values):
+    """`DescriptorBuilder.build_from_offsets`'s arguments as DSL objects, from (offs, sizes, abc, sf tables, plan
+    memory, G, T, N, K, A, B, D, SFA, SFB addresses)."""
+    offs, sizes, abc, sf, memory, *counts = values
+    gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
+    return (gmem(cutlass.Int32, offs, assumed_align=4), gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc),
+            gmem(cutlass.Int64, sf), gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
+            *(cutlass.Int32(v) for v in counts[:4]), *(cutlass.Int64(v) for v in counts[4:]))
+
+
+OFFSETS_BUILDER_ARGUMENTS = ArgumentSpec((8,) * 5 + (4,) * 4 + (8,) * 5 + (8,), offsets_builder_arguments)
+
+
 def _execution_args(compiled):
     """The DSL's argument converter of a compiled function: `execution_args` (4.5+), `args_spec` (4.3) or None."""
     converters = (getattr(compiled, name, None) for name in ("execution_args", "args_spec"))
@@ -1595,33 +1740,37 @@ def _cu_stream_type():
     return CUstream
 
 
-def argument_layout_matches(compiled) -> bool:
+def sample_values(spec: ArgumentSpec) -> tuple:
+    """Distinct values of `spec`'s widths: 8-byte ones beyond 32 bits (so that a 4-byte conversion cannot pass)
+    and 4096-byte aligned, as any pointer argument needs."""
+    return tuple(0x1111_2222_3000 * (i + 1) if width == 8 else 5 + i for i, width in enumerate(spec.widths))
+
+
+def argument_layout_matches(compiled, spec: ArgumentSpec = GEMM_ARGUMENTS) -> bool:
     """Whether this DSL release converts the host function's arguments to exactly one value each
-    of `HOST_ARG_WIDTHS` bytes, as `HostFunction` packs them, by the DSL's own conversion of sample values."""
+    of `spec.widths` bytes, as `HostFunction` packs them, by the DSL's own conversion of sample values."""
     execution_args = _execution_args(compiled)
     CUstream = _cu_stream_type()
     if execution_args is None or CUstream is None:
         return False
-    # Addresses beyond 32 bits, so that a 4-byte conversion cannot pass.
-    values = (0x1111_2222_3330, 0x2222_3333_4440, 0x3333_4444_5550, 0x4444_5555_6600, 5, 6, 7, 1, 0x7777_5a5a_0000)
+    values = sample_values(spec)
     try:
-        converted, _ = execution_args.generate_execution_args(host_arguments(values[:-1]) + (CUstream(values[-1]),), {})
+        converted, _ = execution_args.generate_execution_args(spec.convert(values[:-1]) + (CUstream(values[-1]),), {})
     except Exception:  # any release-specific failure means: not this layout
         return False
     if len(converted) != len(values):
         return False
-    for address, width, want in zip(converted, HOST_ARG_WIDTHS, values):
+    for address, width, want in zip(converted, spec.widths, values):
         address = address.value if isinstance(address, ctypes.c_void_p) else address
         if not isinstance(address, int) or int.from_bytes(ctypes.string_at(address, width), "little") != want:
             return False
     return True
 
 
-def pack_host_arguments(values, stream: int, extras) -> Tuple[ctypes.Array, int]:
-    """Argument storage for a compiled host function, in one buffer: the values (`host_arguments` order,
-    then the stream), 8 bytes each (a 4-byte one in the low half), then the array the host function takes:
+def pack_host_arguments(values, stream: int, extras, count: int = len(HOST_ARG_WIDTHS)) -> Tuple[ctypes.Array, int]:
+    """Argument storage for a compiled host function, in one buffer: the `count` values (its spec's order, the
+    stream last), 8 bytes each (a 4-byte one in the low half), then the array the host function takes:
     each value's address, then `extras`. Returns (the buffer, to outlive every call; the array's address)."""
-    count = len(HOST_ARG_WIDTHS)
     buffer = (ctypes.c_uint64 * (2 * count + len(extras)))()
     base = ctypes.addressof(buffer)
     struct.pack_into("<%dQ" % len(buffer), buffer, 0, *values, stream, *range(base, base + 8 * count, 8), *extras)
@@ -1634,10 +1783,11 @@ class HostFunction:
     executor's entries (CUDA error cell, kernel handles). Where the release does so as `argument_layout_matches`
     expects, a plan owns such an array per stream; elsewhere the DSL converts once per stream (`bind`)."""
 
-    def __init__(self, compiled, device_index: int):
+    def __init__(self, compiled, device_index: int, spec: ArgumentSpec = GEMM_ARGUMENTS):
         self.compiled = compiled
+        self.spec = spec
         self.capi = None
-        if not argument_layout_matches(compiled):
+        if not argument_layout_matches(compiled, spec):
             return
         try:  # the executor's attributes common to 4.3, 4.5 and 4.8
             executor = compiled.to(device_index)
@@ -1651,15 +1801,15 @@ class HostFunction:
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
 
     def bind(self, values, stream: int):
-        """A function launching with `values` (`host_arguments`) on `stream`; nothing launched yet."""
+        """A function launching with `values` (`self.spec`'s) on `stream`; nothing launched yet."""
         if self.capi is None:  # through the DSL's own conversion, kept for the next launches
-            compiled, args = self.compiled, host_arguments(values) + (_cu_stream_type()(stream),)
+            compiled, args = self.compiled, self.spec.convert(values) + (_cu_stream_type()(stream),)
             execution_args, run = _execution_args(compiled), getattr(compiled, "run_compiled_program", None)
             if run is None or execution_args is None:
                 return lambda: compiled(*args)
             converted, keep_alive = execution_args.generate_execution_args(args, {})
             return lambda keep_alive=keep_alive: run(converted)
-        storage, packed = pack_host_arguments(values, stream, self.extras)
+        storage, packed = pack_host_arguments(values, stream, self.extras, len(self.spec.widths))
         capi, result = self.capi, self.result
 
         def launch(keep_alive=(storage, self.executor)):

@@ -134,7 +134,8 @@ class Sm90TileConfig(TileConfig):
         narrow = "" if not self.narrow_tokens else (
             "-narrow" if self.narrow_tokens == self.tile_m // 2 else f"-narrow{self.narrow_tokens}")
         return (f"sm90-{self.tile_m}x{self.tile_n}-k{self.tile_k}-wr" + ("-pair" if self.cta_group == 2 else "")
-                + narrow + (f"-{self.diagnostic.value}" if self.diagnostic else "") + ("" if self.pdl else "-no-pdl"))
+                + narrow + (f"-{self.diagnostic.value}" if self.diagnostic else "") + ("" if self.pdl else "-no-pdl")
+                + ("-offs" if self.device_offsets else ""))
 
     @property
     def tile_mnk(self):
@@ -160,6 +161,8 @@ SM90_CONFIGS = {c.tile_name: c for c in (
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
+# The MoE op's form (moe.py): the default's, its tables built from the groups' end rows on the device
+SM90_MOE_CONFIG = dataclasses.replace(SM90_CONFIG, device_offsets=True)
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
 
@@ -720,9 +723,10 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return atom_a, atom_b
 
     @cute.jit
-    def group_descriptor_tensors(self, tables, group):
+    def group_descriptor_tensors(self, tables, group, start=None):
+        """`start`, the group's first row in A (the MoE builder's): where its converted tokens begin."""
         problem_sizes, abc_ptrs, _, tensormaps, num_groups = tables
-        return (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
+        return (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups), start),
                 self.group_weights(problem_sizes, group, abc_ptrs))
 
     @cute.jit
@@ -793,6 +797,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
 
         layouts = self.make_layouts()
         # every role walks the same tiles, each with its own copy of this state
+        total_tiles = submission.tiles_to_walk(problem_sizes, total_tiles, self.config.device_offsets)
         if cutlass.const_expr(self.config.narrow_tokens):
             scheduler = NarrowLastScheduler.create(problem_sizes, num_groups, total_tiles, self.tile_mnk,
                                                    self.config.schedule.contiguous, self.config.narrow_tokens)
@@ -834,12 +839,17 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return work.n_tile * self.config.cta_group + rank if cutlass.const_expr(self.pair) else work.n_tile
 
     @cute.jit
-    def group_tokens(self, problem_sizes: cute.Tensor, group, scratch):
-        """The converted fp16 A (M, K) of `group`: groups back to back in `scratch`."""
-        offset = cutlass.Int64(0)
-        for g in cutlass.range(0, group, 1, unroll=1):
-            offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
+    def group_tokens(self, problem_sizes: cute.Tensor, group, scratch, start=None):
+        """The converted fp16 A (M, K) of `group`: groups back to back in `scratch` (the MoE form: one K, so
+        the group's first row `start` places it, without reading the other groups' rows, which other CTAs of
+        its builder write)."""
         k = problem_sizes[group, 2]
+        offset = cutlass.Int64(0)
+        if cutlass.const_expr(start is not None):
+            offset = cutlass.Int64(start) * cutlass.Int64(k) * 2
+        else:
+            for g in cutlass.range(0, group, 1, unroll=1):
+                offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
         return cute.make_tensor(
             cute.make_ptr(cutlass.Float16, scratch + offset, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
             cute.make_layout((problem_sizes[group, 0], k), stride=(k, 1)))

@@ -257,13 +257,94 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
     return torch.cat((abc, abc.new_zeros(len(abc) % 2), sf, sizes))
 
 
+# ---- the kernels, with the group sizes on the device ------------------------------------------------------------
+def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
+    """The configuration of the kernel that runs this call (`submission.MOE_CONFIG` on sm_100, hopper.py's
+    `SM90_MOE_CONFIG` on sm_90), or None for the portable path: other devices, global scales, bf16 output,
+    N or K the kernels do not take, B's experts not back to back, a base address not 16-byte aligned."""
+    from . import submission
+    if not a.is_cuda or problem.tokens == 0 or a_global is not None or b_global is not None:
+        return None
+    if problem.out_dtype != torch.float16 or problem.n % submission.N_MULTIPLE or problem.k % submission.K_MULTIPLE:
+        return None
+    b = problem.b
+    if b.stride(0) != b.shape[1] * b.shape[2] or not out.is_contiguous():
+        return None
+    if any(t.data_ptr() % submission.PTR_ALIGN_BYTES for t in (a, b, a_scale, b_scale, out)):
+        return None
+    capability = torch.cuda.get_device_capability(a.device)
+    if capability == (10, 0):
+        return submission.MOE_CONFIG
+    if capability == (9, 0):
+        from . import hopper
+        return hopper.SM90_MOE_CONFIG
+    return None
+
+
+class KernelPlan:
+    """What one (device, stream, configuration, E, N, K, T) keeps between calls, none of it read from `offs` on
+    the host: the tables the builder writes (`submission.table_offsets` order, then the tile count after the
+    sizes), the plan's memory (descriptors; hopper.py's token counters and converted tokens, T x K x 2 bytes),
+    the grid (for the most tiles any routing of T tokens over E experts can make) and the GEMM's launch. Each
+    call's builder waits for the kernel before it (the previous call's GEMM), so calls in stream order share
+    them; a CUDA graph keeps using them, so a plan is never freed."""
+
+    def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int):
+        from . import submission
+        compiled = submission.compile_grouped_gemm(config)
+        self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
+                                               submission.OFFSETS_BUILDER_ARGUMENTS)
+        abc_at, sf_at, sizes_at = submission.table_offsets(experts)
+        self.tables = torch.empty(sizes_at + 2 * experts + 2, dtype=torch.int64, device=device_index)
+        scratch = config.scratch_bytes([(tokens, n, k, 1)])
+        self.memory = torch.empty(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device_index)
+        self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
+        tile_rows = (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m
+        self.max_tiles = tile_rows * submission.ceil_div(n, config.tile_n)
+        self.ctas = submission.persistent_ctas(self.max_tiles, submission.sm_count(device_index) // config.cta_group)
+        self.counts = (experts, tokens, n, k)
+        self.stream = stream
+        self.gemm = submission.HostFunction(compiled.gemm, device_index).bind(
+            self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas, 0), stream)
+
+    def launch(self, a, b, a_scale, b_scale, offs, out) -> None:
+        """The builder (tables and descriptors from `offs`), then the GEMM, on the plan's stream."""
+        self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *self.counts, a.data_ptr(),
+                           b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr()), self.stream)()
+        self.gemm()
+
+
+_kernel_plans = {}
+
+
+def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out) -> None:
+    from . import submission
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        stream = submission.current_stream_handle(index)
+        key = (index, stream, config, problem.experts, problem.n, problem.k, problem.tokens)
+        plan = _kernel_plans.get(key)
+        if plan is None:
+            plan = _kernel_plans[key] = KernelPlan(config, index, stream, *key[3:])
+        plan.launch(a, problem.b, a_scale, b_scale, offs, out)
+
+
+def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
+    """The kernel where one takes the call (`kernel_form`), else the portable computation."""
+    config = kernel_form(problem, a, b_scale, a_scale, a_global, b_global, out)
+    if config is None:
+        compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
+    else:
+        run_kernel(config, problem, a, a_scale, b_scale, offs, out)
+
+
 # ---- the torch ops -----------------------------------------------------------------------------------------------
 @torch.library.custom_op("nvfp4_group_gemm::grouped_mm_nvfp4_out", mutates_args=("out",))
 def _grouped_mm_out(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
                     offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
                     out: torch.Tensor) -> None:
     problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out.dtype, out, validated=True)
-    compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
+    run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
 
 
 @_grouped_mm_out.register_fake
@@ -277,7 +358,7 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale
                 out_dtype: torch.dtype) -> torch.Tensor:
     problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None, validated=True)
     out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
-    compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
+    run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     return out
 
 

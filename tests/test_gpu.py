@@ -10,7 +10,7 @@ import torch
 
 from nvfp4_group_gemm import submission
 from test_host_path import warm_up_graph_capture
-from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda, needs_hopper
+from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda, needs_hopper, needs_hopper_or_b200
 from nvfp4_group_gemm.peers import awkward_shape_sets
 from nvfp4_group_gemm.reference import check_implementation, generate_input
 
@@ -458,3 +458,125 @@ def test_moe_op_replays_in_a_cuda_graph_under_new_routings():
         torch.cuda.synchronize()
         expected = moe.grouped_mm_nvfp4(**first)  # the same weights, the new tokens and routing, not captured
         assert torch.equal(out[:int(first["offs"][-1])], expected[:int(first["offs"][-1])]), sizes
+
+
+# ---- the MoE op's kernel path (fp16 output, no global scales): the GPU's kernel, sizes from offs on the device --
+def kernel_takes(args) -> bool:
+    from nvfp4_group_gemm import moe
+    problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
+                          torch.float16, None)
+    out = torch.empty(problem.tokens, problem.n, dtype=torch.float16, device="cuda")
+    return moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out) is not None
+
+
+def within_one_fp16_rounding(out, expected):
+    """The kernel's fp32 sums run in another order than the CPU's: each may round to the other fp16 neighbour."""
+    out, expected = out.float().cpu(), expected.float().cpu()
+    assert ((out - expected).abs() <= 2 ** -10 * expected.abs() + 2 ** -24).all(), (out - expected).abs().max()
+
+
+@needs_hopper_or_b200
+@pytest.mark.parametrize("experts,tokens", [(1, 300), (8, 1000), (64, 4096), (256, 16384), (8, 0), (16, 5)])
+def test_moe_kernel_path_under_random_routings(experts, tokens):
+    """E in {1, 8, 64, 256}, T up to 16,384, a quarter of the experts empty, T = 0: the kernel's result within
+    one fp16 rounding of the CPU's, rows past the groups untouched."""
+    from nvfp4_group_gemm import moe
+    sizes = random_routing(experts, tokens, seed=experts + tokens)
+    args = moe_inputs(sizes, n=256, k=256)
+    args.update(a_global=None, b_global=None)
+    assert tokens == 0 or kernel_takes(args)
+    out = torch.full((tokens + 3, 256), float("nan"), dtype=torch.float16, device="cuda")[:tokens]
+    moe.grouped_mm_nvfp4(**args, out=out)
+    cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
+                               out_dtype=torch.float16)
+    assert out.shape == (tokens, 256)
+    within_one_fp16_rounding(out, cpu)
+
+
+@needs_hopper_or_b200
+def test_moe_kernel_rows_past_the_last_group_are_not_written_and_all_tokens_on_one_expert():
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((0, 0, 300, 0), n=384, k=512)
+    args["offs"] = torch.tensor([0, 0, 250, 250], dtype=torch.int32, device="cuda")  # rows 250.. in no group
+    out = torch.full((300, 384), float("nan"), dtype=torch.float16, device="cuda")
+    moe.grouped_mm_nvfp4(**args, out=out, validate=True)
+    cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
+                               out_dtype=torch.float16)
+    within_one_fp16_rounding(out[:250], cpu[:250])
+    assert out[250:].isnan().all()
+
+
+@needs_hopper_or_b200
+@pytest.mark.parametrize("sizes", [(72, 0, 129, 1), (0,) * 7 + (40,) + (3,) * 8])
+def test_moe_kernel_builder_writes_the_tables_the_host_would(sizes):
+    """The builder's tables (from offs on the device) word for word as moe.device_tables computes them, and
+    the tile count after them."""
+    from nvfp4_group_gemm import moe
+    args = moe_inputs(sizes, n=256, k=512)
+    args.update(a_global=None, b_global=None)
+    out = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
+    torch.cuda.synchronize()
+    plan = next(p for key, p in moe._kernel_plans.items() if key[3:6] == (len(sizes), 256, 512)
+                and key[6] == sum(sizes))
+    problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
+                          torch.float16, out)
+    words = moe.device_tables(problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
+    assert torch.equal(plan.tables[:len(words)], words)
+    config = moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
+    assert int(plan.tables[len(words)]) & 0xFFFFFFFF == submission.tile_count([(m, 256, 512, 1) for m in sizes if m],
+                                                                                config)
+
+
+@needs_hopper_or_b200
+def test_moe_kernel_path_never_synchronizes():
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((72, 0, 129, 1))
+    args.update(a_global=None, b_global=None)
+    expected = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)  # warm-up: compiles, plans
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    out = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
+    assert not torch.cuda.current_stream().query(), "the op waited for the GPU (read offs on the host?)"
+    assert torch.equal(out, expected)
+
+
+@needs_hopper_or_b200
+def test_moe_kernel_replays_in_a_cuda_graph_under_new_routings():
+    """Captured once; each replay takes new offs (experts going to and from zero rows) and new tokens; the
+    kernel path (fp16) against the same call made outside the graph."""
+    from nvfp4_group_gemm import moe
+    first = moe_inputs((40, 0, 60, 28), seed=1)
+    first.update(a_global=None, b_global=None)
+    out = torch.empty(128, 256, dtype=torch.float16, device="cuda")
+    moe.grouped_mm_nvfp4(**first, out=out)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe.grouped_mm_nvfp4(**first, out=out)
+    for seed, sizes in enumerate(((0, 128, 0, 0), (1, 1, 1, 125), (40, 0, 60, 28)), start=2):
+        routing = moe_inputs(sizes, seed=seed)
+        for name in ("a", "a_scale", "offs"):
+            first[name].copy_(routing[name])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = moe.grouped_mm_nvfp4(**first, out_dtype=torch.float16)
+        assert torch.equal(out, expected), sizes
+
+
+@needs_hopper_or_b200
+def test_moe_kernel_under_torch_compile_fullgraph():
+    """A toy MoE block (route, sort, quantize outside; the op; un-sort) compiled whole-graph."""
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((72, 0, 129, 1))
+    args.update(a_global=None, b_global=None)
+
+    class Block(torch.nn.Module):
+        def forward(self, a, b, a_scale, b_scale, offs):
+            y = moe.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, out_dtype=torch.float16)
+            return y.float().relu()
+    block = Block()
+    plain = block(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"])
+    compiled = torch.compile(block, fullgraph=True)
+    got = compiled(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"])
+    assert torch.equal(got, plain)
