@@ -789,38 +789,45 @@ class DescriptorBuilder:
                         b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
                         sfb_address: cutlass.Int64):
         """One warp per group, all after griddepcontrol.wait (offs may be the previous kernel's output, and the
-        tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`), the tile count
-        (group 0), then its descriptors from the rows it wrote."""
+        tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`) and the tile
+        count (group 0), and its descriptors, made from those rows in registers."""
         _, _, group = cute.arch.block_idx()
         staging = SmemAllocator().allocate(self.tensormap_staging)
         cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading anything
         cute.arch.griddepcontrol_wait()
         start, scale_row, tiles = group_from_offsets(offs, group, num_groups, tokens, self.config.tile_m,
                                                      ceil_div(n, self.config.tile_n))
+        end = offs[group]
+        if end > tokens:
+            end = tokens
+        m = end - start
+        if m < 0:
+            m = cutlass.Int32(0)
+        width = ceil_div(k // SF_VEC_SIZE, 4) * 4  # bytes of a blocked scale row
+        # the group's rows of the three tables, in registers: its descriptors are made from these, and lane 0
+        # stores them for the GEMM
+        sizes = cute.make_rmem_tensor((1, 4), cutlass.Int32)
+        abc = cute.make_rmem_tensor((1, 3), cutlass.Int64)
+        sf = cute.make_rmem_tensor((1, 2), cutlass.Int64)
+        sizes[0, 0], sizes[0, 1], sizes[0, 2], sizes[0, 3] = m, n, k, cutlass.Int32(1)
+        abc[0, 0] = a_address + cutlass.Int64(start) * cutlass.Int64(k // 2)
+        abc[0, 1] = b_address + cutlass.Int64(group) * cutlass.Int64(n) * cutlass.Int64(k // 2)
+        abc[0, 2] = c_address + cutlass.Int64(start) * cutlass.Int64(n) * 2
+        sf[0, 0] = sfa_address + cutlass.Int64(scale_row) * cutlass.Int64(width)
+        sf[0, 1] = sfb_address + cutlass.Int64(group) * cutlass.Int64(ceil_div(n, 128) * 128) * cutlass.Int64(width)
         if cute.arch.lane_idx() == 0:
-            width = ceil_div(k // SF_VEC_SIZE, 4) * 4  # bytes of a blocked scale row
-            end = offs[group]
-            if end > tokens:
-                end = tokens
-            m = end - start
-            if m < 0:
-                m = cutlass.Int32(0)
-            problem_sizes[group, 0] = m
-            problem_sizes[group, 1] = n
-            problem_sizes[group, 2] = k
-            problem_sizes[group, 3] = cutlass.Int32(1)
-            abc_ptrs[group, 0] = a_address + cutlass.Int64(start) * cutlass.Int64(k // 2)
-            abc_ptrs[group, 1] = b_address + cutlass.Int64(group) * cutlass.Int64(n) * cutlass.Int64(k // 2)
-            abc_ptrs[group, 2] = c_address + cutlass.Int64(start) * cutlass.Int64(n) * 2
-            sf_ptrs[group, 0] = sfa_address + cutlass.Int64(scale_row) * cutlass.Int64(width)
-            sf_ptrs[group, 1] = sfb_address + (cutlass.Int64(group) * cutlass.Int64(ceil_div(n, 128) * 128)
-                                               * cutlass.Int64(width))
+            for i in cutlass.range_constexpr(4):
+                problem_sizes[group, i] = sizes[0, i]
+            for i in cutlass.range_constexpr(3):
+                abc_ptrs[group, i] = abc[0, i]
+            for i in cutlass.range_constexpr(2):
+                sf_ptrs[group, i] = sf[0, i]
             if group == 0:
                 problem_sizes[num_groups, 0] = tiles
-        cute.arch.sync_warp()  # lane 0's rows, read back by the whole warp (bar.warp.sync orders memory)
+        write_group_tensormaps(atoms, self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups),
+                                                                    cutlass.Int32(0), start),
+                               tensormaps, group, staging)
         tables = (problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups)
-        write_group_tensormaps(atoms, self.group_descriptor_tensors(tables, group, start), tensormaps, group,
-                               staging)
         self.after_descriptors(tables, group)
 
 

@@ -187,6 +187,16 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
             builder_ptx = ptx_text(submission.compile_with_placeholders(kernel.build_tensormaps))
         except Exception as error:
             row["builder_error"] = describe_error(error)
+    offsets_ptx = ""
+    if not stopped_at and config.device_offsets:  # the MoE form's builder, which computes the tables from offs
+        try:
+            offsets_builder = submission.compile_with_placeholders(kernel.build_from_offsets,
+                                                                   submission.OFFSETS_BUILDER_ARGUMENTS)
+            offsets_ptx = ptx_text(offsets_builder)
+            row["direct_offsets_builder_arguments"] = submission.argument_layout_matches(
+                offsets_builder, submission.OFFSETS_BUILDER_ARGUMENTS)
+        except Exception as error:
+            row["builder_error"] = describe_error(error)
     row["compile_s"] = round(time.perf_counter() - start, 3)
     if not ptx:
         dumped = sorted(Path(dump_dir).glob("*.ptx"))
@@ -217,8 +227,15 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
             if keep_dir:
                 row["builder_ptx_file"] = str(Path(keep_dir) / f"{file_stem(config_name)}.{arch}.builder.ptx")
                 Path(row["builder_ptx_file"]).write_text(builder_ptx.replace("\x00", ""))
+        if offsets_ptx:
+            offsets = ptxas_report(offsets_ptx, arch, ptxas)
+            row.update(offsets_builder_registers=offsets["registers"],
+                       offsets_builder_spill_bytes=offsets["spill_store_bytes"] + offsets["spill_load_bytes"])
+            if keep_dir:
+                row["offsets_builder_ptx_file"] = str(Path(keep_dir) / f"{file_stem(config_name)}.{arch}.offsets.ptx")
+                Path(row["offsets_builder_ptx_file"]).write_text(offsets_ptx.replace("\x00", ""))
         row["ok"] = (row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
-                     and row.get("builder_spill_bytes", 0) == 0)
+                     and row.get("builder_spill_bytes", 0) == 0 and row.get("offsets_builder_spill_bytes", 0) == 0)
         if "builder_error" in row:
             row["ok"] = False
             row["error"] = "descriptor builder: " + row["builder_error"]
@@ -260,8 +277,9 @@ def kernel_configs(arch: str) -> list:
         from nvfp4_group_gemm import hopper
         candidates = [c.with_schedule(s) for c in hopper.SM90_CONFIGS.values()
                       for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
-    else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones
-        candidates = submission.policy_candidates()
+        candidates += list(hopper.SM90_MOE_CONFIGS.values())  # the MoE op's forms (moe.py)
+    else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones; the MoE op's form
+        candidates = submission.policy_candidates() + [submission.MOE_CONFIG]
     kernels = {}  # one per compiled form (`kernel_name`)
     for c in candidates:
         kernels.setdefault(kernel_name(c), c.compile_key)

@@ -82,6 +82,7 @@ and the forms that were tried and removed (git has their code).
 """
 import dataclasses
 import enum
+import functools
 import os
 from typing import NamedTuple, Optional
 
@@ -161,7 +162,9 @@ SM90_CONFIGS = {c.tile_name: c for c in (
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
-# The MoE op's form (moe.py): the default's, its tables built from the groups' end rows on the device
+# The MoE op's forms (moe.py): these, their tables built from the groups' end rows on the device
+SM90_MOE_CONFIGS = {c.tile_name: c for c in (dataclasses.replace(f, device_offsets=True)
+                                              for f in SM90_CONFIGS.values())}
 SM90_MOE_CONFIG = dataclasses.replace(SM90_CONFIG, device_offsets=True)
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
@@ -843,13 +846,13 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         """The converted fp16 A (M, K) of `group`: groups back to back in `scratch` (the MoE form: one K, so
         the group's first row `start` places it, without reading the other groups' rows, which other CTAs of
         its builder write)."""
-        k = problem_sizes[group, 2]
         offset = cutlass.Int64(0)
         if cutlass.const_expr(start is not None):
-            offset = cutlass.Int64(start) * cutlass.Int64(k) * 2
+            offset = cutlass.Int64(start) * cutlass.Int64(problem_sizes[group, 2]) * 2
         else:
             for g in cutlass.range(0, group, 1, unroll=1):
                 offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
+        k = problem_sizes[group, 2]
         return cute.make_tensor(
             cute.make_ptr(cutlass.Float16, scratch + offset, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
             cute.make_layout((problem_sizes[group, 0], k), stride=(k, 1)))
@@ -1377,6 +1380,32 @@ def sm90_choice(problem_sizes, num_sms: int) -> Sm90TileConfig:
     config = min((SM90_CONFIGS[name] for name in SM90_TILE_COST_NS),
                  key=lambda c: busiest_cta_cost(problem_sizes, num_sms, c))
     return config.with_schedule(sm90_schedule(problem_sizes, num_sms, config))
+
+
+MOE_ROUTING_SAMPLES = 8
+
+
+@functools.lru_cache(maxsize=256)
+def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90TileConfig:
+    """The MoE op's form for T tokens over E experts when only the host's sizes are known (`sm90_choice` needs
+    the group sizes): the form of SM90_MOE_CONFIGS whose busiest CTA costs least on average over
+    MOE_ROUTING_SAMPLES routings of the tokens drawn uniformly over the experts (seeded: the same choice each
+    time); contiguous tile ranges where its most tiles exceed one wave, except a narrow form (`sm90_schedule`;
+    no balancing, no order by M: those need the sizes)."""
+    import torch
+    generator = torch.Generator().manual_seed(tokens * 1009 + experts)
+    routings = []
+    for _ in range(MOE_ROUTING_SAMPLES):
+        counts = torch.bincount(torch.randint(experts, (tokens,), generator=generator), minlength=experts)
+        routings.append([(m, n, k, 1) for m in counts.tolist() if m])
+
+    def mean_cost(name):
+        return sum(busiest_cta_cost(r, num_sms, SM90_CONFIGS[name]) for r in routings) / len(routings)
+    config = dataclasses.replace(SM90_CONFIGS[min(SM90_TILE_COST_NS, key=mean_cost)], device_offsets=True)
+    units = num_sms // config.cta_group
+    most_tiles = (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m * submission.ceil_div(
+        n, config.tile_n)
+    return config.with_schedule(submission.Schedule(contiguous=most_tiles > units and not config.narrow_tokens))
 
 
 def config_from_setting(setting) -> Sm90TileConfig:

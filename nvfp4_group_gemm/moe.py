@@ -260,7 +260,7 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
 def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
     """The configuration of the kernel that runs this call (`submission.MOE_CONFIG` on sm_100, hopper.py's
-    `SM90_MOE_CONFIG` on sm_90), or None for the portable path: other devices, global scales, bf16 output,
+    `moe_choice` on sm_90), or None for the portable path: other devices, global scales, bf16 output,
     N or K the kernels do not take, B's experts not back to back, a base address not 16-byte aligned."""
     from . import submission
     if not a.is_cuda or problem.tokens == 0 or a_global is not None or b_global is not None:
@@ -277,7 +277,9 @@ def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
         return submission.MOE_CONFIG
     if capability == (9, 0):
         from . import hopper
-        return hopper.SM90_MOE_CONFIG
+        return hopper.moe_choice(problem.tokens, problem.experts, problem.n, problem.k,
+                                 submission.sm_count(a.device.index if a.device.index is not None
+                                                     else torch.cuda.current_device()))
     return None
 
 
@@ -289,15 +291,17 @@ class KernelPlan:
     call's builder waits for the kernel before it (the previous call's GEMM), so calls in stream order share
     them; a CUDA graph keeps using them, so a plan is never freed."""
 
-    def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int):
+    def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
+                 device=None):
         from . import submission
+        device = torch.device("cuda", device_index) if device is None else device  # a stand-in's test: "cpu"
         compiled = submission.compile_grouped_gemm(config)
         self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
                                                submission.OFFSETS_BUILDER_ARGUMENTS)
         abc_at, sf_at, sizes_at = submission.table_offsets(experts)
-        self.tables = torch.empty(sizes_at + 2 * experts + 2, dtype=torch.int64, device=device_index)
+        self.tables = torch.empty(sizes_at + 2 * experts + 2, dtype=torch.int64, device=device)
         scratch = config.scratch_bytes([(tokens, n, k, 1)])
-        self.memory = torch.empty(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device_index)
+        self.memory = torch.empty(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
         self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
         tile_rows = (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m
         self.max_tiles = tile_rows * submission.ceil_div(n, config.tile_n)

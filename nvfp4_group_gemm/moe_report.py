@@ -65,14 +65,17 @@ def command_moe(options) -> int:
         data = generate_input(**case.args, device=None if gpu else "cpu")
         a, b, a_scale, b_scale, offs = stacked_inputs(data)
         out = moe.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, out_dtype=torch.float16)
-        if rounds_to_bf16(a.device):  # torch._grouped_mm's bf16 output, then fp16: a bf16 rounding's tolerance
+        problem = moe.Problem(a, b, a_scale, b_scale, offs, None, None, torch.float16, out)
+        path = "kernel" if moe.kernel_form(problem, a, b_scale, a_scale, None, None, out) is not None else "portable"
+        if path == "portable" and rounds_to_bf16(a.device):
+            # torch._grouped_mm's bf16 output, then fp16: a bf16 rounding's tolerance
             problems = [p for got, want in zip(per_group(out, data[3]), ref_kernel(data))
                         for p in mismatch_report(got.float(), want.float(), rtol=2 ** -8)]
             ok, message = not problems, "; ".join(problems)
         else:
             ok, message = check_implementation(data, per_group(out, data[3]))
         failed |= not ok
-        line = f"  {name:<12} {'ok' if ok else 'WRONG: ' + message[:200]}"
+        line = f"  {name:<12} {path:<8} {'ok' if ok else 'WRONG: ' + message[:200]}"
         if gpu and ok and name.startswith("benchmark"):
             line += timings(case, a, b, a_scale, b_scale, offs)
         print(line + f"  {short_spec(problem_sizes_of(case.args))}", flush=True)

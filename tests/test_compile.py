@@ -68,14 +68,19 @@ def report(request, tmp_path_factory):
 def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
     # every kernel CONFIG_POLICY may name: each tile configuration (the model's and the 2-CTA ones),
-    # round-robin and contiguous
-    assert set(kernels) == {compile_gate.kernel_name(c) for c in submission.policy_candidates()}
-    assert {name.split("/")[0] for name in kernels} == set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
+    # round-robin and contiguous; and the MoE op's form, with its builder from offs
+    assert set(kernels) == {compile_gate.kernel_name(c)
+                            for c in submission.policy_candidates() + [submission.MOE_CONFIG]}
+    assert {name.split("/")[0] for name in kernels} == (set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
+                                                        | {submission.MOE_CONFIG.tile_name})
     for k in kernels.values():
         assert k["ok"], k
         assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 and k["stack_bytes"] == 0
+        assert k.get("offsets_builder_spill_bytes", 0) == 0
         assert 0 < k["registers"] <= 255
         assert 0 < k["dynamic_smem_bytes"] <= submission.SMEM_CAPACITY
+    moe = kernels[compile_gate.kernel_name(submission.MOE_CONFIG)]
+    assert moe["offsets_builder_spill_bytes"] == 0 and 0 < moe["offsets_builder_registers"] <= 255
 
 
 def test_launches_can_skip_the_dsls_argument_conversion(report):
@@ -83,6 +88,7 @@ def test_launches_can_skip_the_dsls_argument_conversion(report):
     # this holds; elsewhere every plan pays the DSL's conversion once per stream.
     for k in report["kernels"]:
         assert k["direct_host_arguments"] is True, (k["config"], k["cutlass_dsl"])
+        assert k.get("direct_offsets_builder_arguments", True) is True, (k["config"], k["cutlass_dsl"])
 
 
 def test_every_task_shape_and_a_contract_spread_is_served(report):
@@ -506,7 +512,7 @@ def test_before_their_waits_the_kernels_read_only_the_plans_tables(report):
                    "fence.proxy": {parameter_index(gemm, "tensormaps")}}
     atoms = {"atoms": submission.TENSORMAPS_PER_GROUP}  # the B200 builder's five TMA atoms
     builder_tables = {parameter_index(builder, n, atoms) for n in ("problem_sizes", "abc_ptrs", "sf_ptrs")}
-    for kernel in report["kernels"]:
+    for kernel in (k for k in report["kernels"] if "-offs" not in k["config"]):  # the MoE form: the next test
         for path, tables in ((kernel["ptx_file"], gemm_tables), (kernel["builder_ptx_file"], None)):
             (entry,) = re.split(r"\.entry\s", open(path).read())[1:]
             reads = global_reads(entry)
@@ -517,6 +523,25 @@ def test_before_their_waits_the_kernels_read_only_the_plans_tables(report):
                 assert params and params <= allowed, (
                     f"{kernel['config']}: {instruction} ({'before' if before else 'after'} the wait) reads from "
                     f"parameters {sorted(map(str, params))}, not only the plan's tables {sorted(allowed)}")
+
+
+def test_the_moe_forms_read_nothing_before_their_waits(report):
+    """The MoE form's tables are a kernel's output (its builder computes them from offs, which may itself be the
+    previous kernel's output): its builder and its GEMM read no global memory before griddepcontrol.wait, and
+    the group sizes reach them through offs alone (the builder's host function has no size table)."""
+    (kernel,) = [k for k in report["kernels"] if "-offs" in k["config"]]
+    for path in (kernel["ptx_file"], kernel["offsets_builder_ptx_file"]):
+        (entry,) = re.split(r"\.entry\s", open(path).read())[1:]
+        reads = global_reads(entry)
+        assert reads, (path, "no global read at all: the premise changed")
+        early = [(instruction, sorted(map(str, params))) for instruction, before, params in reads if before]
+        assert not early, f"{path}: read before griddepcontrol.wait: {early}"
+    builder = submission.DescriptorBuilder.offsets_builder
+    offs = parameter_index(builder, "offs", {"atoms": submission.TENSORMAPS_PER_GROUP})
+    (entry,) = re.split(r"\.entry\s", open(kernel["offsets_builder_ptx_file"]).read())[1:]
+    loaded_from = set().union(*(params for instruction, _, params in global_reads(entry)
+                                if instruction.startswith("ld.global")))
+    assert loaded_from == {offs}, f"the builder reads parameters {sorted(map(str, loaded_from))}, expected offs alone"
 
 
 def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():

@@ -580,3 +580,24 @@ def test_moe_kernel_under_torch_compile_fullgraph():
     compiled = torch.compile(block, fullgraph=True)
     got = compiled(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"])
     assert torch.equal(got, plain)
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", ["sm90-128x128-k128-wr-offs", "sm90-128x256-k128-wr-pair-narrow-offs",
+                                  "sm90-192x256-k64-wr-pair-offs"])
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguous):
+    """Each form `hopper.moe_choice` may pick, under both compiled schedules, on a routing with empty experts,
+    a group of one row and groups past one tile."""
+    from nvfp4_group_gemm import hopper, moe
+    config = hopper.SM90_MOE_CONFIGS[name].with_schedule(submission.Schedule(contiguous=contiguous))
+    sizes = (0, 200, 1, 0, 64, 129, 0, 300)
+    args = moe_inputs(sizes, n=384, k=512)
+    args.update(a_global=None, b_global=None)
+    problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
+                          torch.float16, None)
+    out = torch.full((sum(sizes), 384), float("nan"), dtype=torch.float16, device="cuda")
+    moe.run_kernel(config, problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
+    cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
+                               out_dtype=torch.float16)
+    within_one_fp16_rounding(out, cpu)

@@ -279,3 +279,39 @@ def test_strides_the_kernels_cannot_take_are_refused():
     wide[:, :256] = args["a"]
     with pytest.raises(ValueError, match="a: shape .60, 256. strides .512, 1."):
         moe.grouped_mm_nvfp4(**dict(args, a=wide[:, :256]))
+
+
+def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
+    """The kernels' host arguments follow from T, E, N, K and the SM count alone: two routings of the same
+    tokens bind the same values (the builder computes the sizes, P_g and the tile count from offs on the
+    device), and the grid is sized for the most tiles any routing can make."""
+    from nvfp4_group_gemm import submission
+    bound = []
+
+    class Recorder:  # stands in for submission.HostFunction: records what each launch would pass
+        def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
+            self.spec = spec
+
+        def bind(self, values, stream):
+            bound.append((self.spec, tuple(values), stream))
+            return lambda: None
+    monkeypatch.setattr(submission, "HostFunction", Recorder)
+    monkeypatch.setattr(submission, "compile_grouped_gemm", lambda config: submission.CompiledGemm(1, 2, None, 3))
+    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    first, _ = routed((72, 0, 129, 1))
+    second, _ = routed((1, 1, 1, 199), seed=1)
+    plan = moe.KernelPlan(submission.MOE_CONFIG, 0, 7, experts=4, n=256, k=512, tokens=202, device="cpu")
+    out = torch.empty(202, 256, dtype=torch.float16)
+    a, offs, a_scale = first["a"], first["offs"], first["a_scale"]
+    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
+    for name, tensor in (("a", a), ("offs", offs), ("a_scale", a_scale)):
+        tensor.copy_(second[name])  # a new routing in the same buffers, as a CUDA graph's replay has it
+    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
+    gemm, builder_first, builder_second = bound
+    assert gemm[0] is submission.GEMM_ARGUMENTS and builder_first[0] is submission.OFFSETS_BUILDER_ARGUMENTS
+    assert builder_first == builder_second
+    assert builder_first[1][:5] == (offs.data_ptr(), *plan.addresses, plan.memory.data_ptr())
+    assert builder_first[1][5:9] == (4, 202, 256, 512)  # E, T, N, K: no group's size
+    most = (202 + 127 * 4) // 128 * 2  # every group one partial tile more than T / 128, two N tiles each
+    assert gemm[1] == (*plan.addresses, plan.memory.data_ptr(), 4, most, min(most, 132), 0)
+    assert all(s == 7 for _, _, s in bound)
