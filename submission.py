@@ -697,33 +697,41 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups):
 
 @cute.jit
 def group_from_offsets(offs: cute.Tensor, group, num_groups, tokens, tile_m: cutlass.Constexpr[int], tiles_n):
-    """From the groups' end rows (a warp, each lane a share of the groups): `group`'s first row in A, its first
-    row P_g in the blocked SFA (the groups before it, each rounded up to 128 rows), and every group's tiles
-    (ceil(m / tile_m) x `tiles_n`). Ends past T count as T, and a group ending before it starts has no rows."""
+    """From the groups' end rows (a warp, each lane a share of the groups): `group`'s first row in A and its rows,
+    its first row P_g in the blocked SFA (the groups before it, each rounded up to 128 rows), and every group's
+    tiles (ceil(m / tile_m) x `tiles_n`). A group ends at the largest of its and the earlier groups' ends, at
+    most T (a running maximum: a scan across the lanes), so that whatever `offs` holds no group reaches past
+    row T and the groups' rows add up to at most T."""
     lane = cute.arch.lane_idx()
-    start, scale_row, tiles = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+    start, rows, scale_row, tiles = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+    carried = cutlass.Int32(0)  # the end of the last group of the lanes' earlier rounds
     for first in cutlass.range(0, num_groups, 32, unroll=1):
         g = first + lane
-        m = cutlass.Int32(0)
+        end = carried
         if g < num_groups:
             end = offs[g]
             if end > tokens:
                 end = tokens
-            begin = cutlass.Int32(0)
-            if g > 0:
-                begin = offs[g - 1]
-                if begin > tokens:
-                    begin = tokens
-            m = end - begin
-            if m < 0:
-                m = cutlass.Int32(0)
+        for step in cutlass.range_constexpr(5):  # inclusive running maximum over the lanes
+            earlier = cute.arch.shuffle_sync_up(end, offset=1 << step)
+            if lane >= (1 << step):
+                if earlier > end:
+                    end = earlier
+        if carried > end:
+            end = carried
+        begin = cute.arch.shuffle_sync_up(end, offset=1)
+        if lane == 0:
+            begin = carried
+        m = end - begin
+        if g == group:
+            start, rows = begin, m
         if g < group:
-            start += m
             scale_row += (m + 127) // 128 * 128
-        tiles += (m + tile_m - 1) // tile_m * tiles_n
+        if g < num_groups:
+            tiles += (m + tile_m - 1) // tile_m * tiles_n
+        carried = cute.arch.shuffle_sync(end, 31)
     add = lambda x, y: x + y
-    return (cute.arch.warp_reduction(start, add), cute.arch.warp_reduction(scale_row, add),
-            cute.arch.warp_reduction(tiles, add))
+    return tuple(cute.arch.warp_reduction(x, add) for x in (start, rows, scale_row, tiles))
 
 
 class DescriptorBuilder:
@@ -795,14 +803,8 @@ class DescriptorBuilder:
         staging = SmemAllocator().allocate(self.tensormap_staging)
         cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading anything
         cute.arch.griddepcontrol_wait()
-        start, scale_row, tiles = group_from_offsets(offs, group, num_groups, tokens, self.config.tile_m,
-                                                     ceil_div(n, self.config.tile_n))
-        end = offs[group]
-        if end > tokens:
-            end = tokens
-        m = end - start
-        if m < 0:
-            m = cutlass.Int32(0)
+        start, m, scale_row, tiles = group_from_offsets(offs, group, num_groups, tokens, self.config.tile_m,
+                                                        ceil_div(n, self.config.tile_n))
         width = ceil_div(k // SF_VEC_SIZE, 4) * 4  # bytes of a blocked scale row
         # the group's rows of the three tables, in registers: its descriptors are made from these, and lane 0
         # stores them for the GEMM

@@ -601,3 +601,19 @@ def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguo
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=torch.float16)
     within_one_fp16_rounding(out, cpu)
+
+
+@needs_hopper_or_b200
+def test_moe_kernel_with_malformed_offs_stays_inside_its_tensors():
+    """offs that break the caller's promise (decreasing, past T) give some rows, never a fault or a write outside
+    out: the builder ends each group at the running maximum of the ends, at most T."""
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((100, 50, 80, 70), n=256, k=256)
+    args.update(a_global=None, b_global=None)
+    buffer = torch.full((300 + 64, 256), float("nan"), dtype=torch.float16, device="cuda")
+    out = buffer[:300]
+    for bad in ([100, 50, 200, 250], [0, 400, 10, 900], [300, 300, 299, 1 << 30]):
+        args["offs"] = torch.tensor(bad, dtype=torch.int32, device="cuda")
+        moe.grouped_mm_nvfp4(**args, out=out)
+        torch.cuda.synchronize()
+        assert buffer[300:].isnan().all(), bad
