@@ -277,7 +277,8 @@ def kernel_configs(arch: str) -> list:
         from nvfp4_group_gemm import hopper
         candidates = [c.with_schedule(s) for c in hopper.SM90_CONFIGS.values()
                       for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
-        candidates += list(hopper.SM90_MOE_CONFIGS.values())  # the MoE op's forms (moe.py)
+        candidates += [c.with_schedule(s) for c in hopper.SM90_MOE_CONFIGS.values()  # the MoE op's (moe.py)
+                       for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
     else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones; the MoE op's form
         candidates = submission.policy_candidates() + [submission.MOE_CONFIG]
     kernels = {}  # one per compiled form (`kernel_name`)

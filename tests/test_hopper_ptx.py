@@ -14,6 +14,7 @@ from test_compile import DSL_INSTALLS, env_for
 from nvfp4_group_gemm import compile_gate
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
+SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS}  # the kernels the Hopper compile gate compiles
 
 _reports = {}
 
@@ -38,12 +39,15 @@ def report(request, tmp_path_factory):
 
 
 def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
-    # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either)
-    assert [k["config"] for k in report["kernels"]] == [n for name in hopper.SM90_CONFIGS
-                                                        for n in (name, f"{name}/contiguous")]
+    # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either), then the MoE
+    # op's forms likewise (moe_choice), each with its builder from offs
+    assert [k["config"] for k in report["kernels"]] == [n for forms in (hopper.SM90_CONFIGS, hopper.SM90_MOE_CONFIGS)
+                                                        for name in forms for n in (name, f"{name}/contiguous")]
     for kernel in report["kernels"]:
-        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        config = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS}[kernel["config"].split("/")[0]]
         assert kernel["ok"], kernel
+        assert kernel.get("offsets_builder_spill_bytes", 0) == 0
+        assert config.device_offsets == ("offsets_builder_registers" in kernel)
         assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
         assert kernel["wgmma_serialized"] is False  # ptxas overlaps the wgmma with what follows
         # one CTA fits an SM: registers and shared memory
@@ -156,7 +160,7 @@ def test_a_pairs_token_loads_reach_both_ctas_and_each_stage_waits_for_both(repor
     barriers are published cluster-wide before the first load and neither CTA leaves before the other is
     done. The single-CTA forms have none of it."""
     for kernel in report["kernels"]:
-        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        config = SM90_FORMS[kernel["config"].split("/")[0]]
         with open(kernel["ptx_file"]) as f:
             ptx = f.read()
         multicast = re.findall(r"cp\.async\.bulk\.tensor\.2d\.[^;]*multicast::cluster[^;]*;", ptx)
@@ -180,7 +184,7 @@ def test_a_narrow_form_multiplies_narrow_tiles_by_half_width_wgmma(report):
     """Its PTX has a second mainloop whose wgmma has N = narrow_tokens (the stage's first token rows), as many
     as the wide one's; the other forms have one width only."""
     for kernel in report["kernels"]:
-        config = hopper.SM90_CONFIGS[kernel["config"].split("/")[0]]
+        config = SM90_FORMS[kernel["config"].split("/")[0]]
         with open(kernel["ptx_file"]) as f:
             ptx = f.read()
         widths = sorted({int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)})
