@@ -1382,22 +1382,36 @@ def sm90_choice(problem_sizes, num_sms: int) -> Sm90TileConfig:
     return config.with_schedule(sm90_schedule(problem_sizes, num_sms, config))
 
 
-MOE_ROUTING_SAMPLES = 8
+MOE_ROUTING_SAMPLES = 16
+MOE_LOAD_VARIATION = 0.5  # coefficient of variation of the experts' loads the op's form is chosen for
+
+
+def moe_routings(tokens: int, experts: int, samples: int = MOE_ROUTING_SAMPLES) -> list:
+    """`samples` group sizes of `tokens` over `experts` as an unbalanced router makes them (seeded: the same
+    every time): the experts' shares drawn from a symmetric Dirichlet whose loads vary by MOE_LOAD_VARIATION
+    (concentration ((E - 1) / cv^2 - 1) / E), then each token's expert from those shares."""
+    import random
+    import torch
+    seed = tokens * 1009 + experts
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    concentration = max(((experts - 1) / MOE_LOAD_VARIATION ** 2 - 1) / experts, 0.05)
+    routings = []
+    for _ in range(samples):
+        shares = torch.tensor([rng.gammavariate(concentration, 1.0) for _ in range(experts)]) + 1e-12
+        choice = torch.multinomial(shares, tokens, replacement=True, generator=generator) if tokens else \
+            torch.zeros(0, dtype=torch.long)
+        routings.append(torch.bincount(choice, minlength=experts).tolist())
+    return routings
 
 
 @functools.lru_cache(maxsize=256)
 def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90TileConfig:
     """The MoE op's form for T tokens over E experts when only the host's sizes are known (`sm90_choice` needs
-    the group sizes): the form of SM90_MOE_CONFIGS whose busiest CTA costs least on average over
-    MOE_ROUTING_SAMPLES routings of the tokens drawn uniformly over the experts (seeded: the same choice each
-    time); contiguous tile ranges where its most tiles exceed one wave, except a narrow form (`sm90_schedule`;
-    no balancing, no order by M: those need the sizes)."""
-    import torch
-    generator = torch.Generator().manual_seed(tokens * 1009 + experts)
-    routings = []
-    for _ in range(MOE_ROUTING_SAMPLES):
-        counts = torch.bincount(torch.randint(experts, (tokens,), generator=generator), minlength=experts)
-        routings.append([(m, n, k, 1) for m in counts.tolist() if m])
+    the group sizes): the form of SM90_MOE_CONFIGS whose busiest CTA costs least on average over `moe_routings`;
+    contiguous tile ranges where its most tiles exceed one wave, except a narrow form (`sm90_schedule`; no
+    balancing, no order by M: those need the sizes)."""
+    routings = [[(m, n, k, 1) for m in counts if m] for counts in moe_routings(tokens, experts)]
+    routings = [r for r in routings if r] or [[(1, n, k, 1)]]
 
     def mean_cost(name):
         return sum(busiest_cta_cost(r, num_sms, SM90_CONFIGS[name]) for r in routings) / len(routings)

@@ -401,3 +401,24 @@ def test_the_epilogue_staging_is_conflict_free_and_its_pieces_cover_it_once():
     assert halves >= 64
     for config in hopper.SM90_CONFIGS.values():
         assert config.tile_m % hopper.EPILOGUE_TOKENS == 0
+
+
+def test_the_moe_forms_choice_needs_only_the_hosts_sizes():
+    """moe_choice: a device_offsets form the op's plans compile, the same for the same (T, E, N, K, SMs), its
+    schedule contiguous only past one wave (never for a narrow form); moe_routings: T tokens each time, loads
+    that vary by about MOE_LOAD_VARIATION."""
+    import statistics
+    for shape in ((1024, 8, 4096, 7168), (1024, 8, 7168, 2048), (16384, 256, 256, 256), (1, 1, 256, 256),
+                  (5, 16, 256, 256)):
+        config = hopper.moe_choice(*shape, 132)
+        assert config.device_offsets and config.tile_name in hopper.SM90_MOE_CONFIGS
+        hopper.moe_choice.cache_clear()
+        assert hopper.moe_choice(*shape, 132) == config
+        tokens, experts, n, _ = shape
+        most = ((tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m
+                * submission.ceil_div(n, config.tile_n))
+        assert config.schedule.contiguous == (most > 132 // config.cta_group and not config.narrow_tokens)
+    routings = hopper.moe_routings(16384, 64, samples=8)
+    assert all(sum(r) == 16384 and len(r) == 64 for r in routings)
+    variation = statistics.mean(statistics.pstdev(r) / statistics.mean(r) for r in routings)
+    assert abs(variation - hopper.MOE_LOAD_VARIATION) < 0.15, variation
