@@ -520,6 +520,15 @@ def tiles_to_walk(problem_sizes: cute.Tensor, total_tiles, device_offsets: cutla
     return total
 
 
+@cute.jit
+def group_alpha(problem_sizes: cute.Tensor, group):
+    """The MoE form's (1,) Float32 of `group`'s alpha (its global scales' product, 1 without them), which its
+    builder writes after the sizes table's tile-count row and its epilogue multiplies the sums by."""
+    address = problem_sizes.iterator.toint() + (4 * (problem_sizes.shape[0] + 1) + group) * 4
+    return cute.make_tensor(cute.make_ptr(cutlass.Float32, address, cute.AddressSpace.gmem, assumed_align=4),
+                            cute.make_layout(1))
+
+
 class WorkTile(NamedTuple):
     """One tile of D': group, M'- and N'-tile, and whether it is the CTA's first (its descriptors not yet fetched)."""
     group: object
@@ -772,11 +781,15 @@ class DescriptorBuilder:
                            ptr_sf: cute.Pointer, ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32,
                            tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_address: cutlass.Int64,
                            b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
-                           sfb_address: cutlass.Int64, stream):
+                           sfb_address: cutlass.Int64, a_global_address: cutlass.Int64,
+                           b_global_address: cutlass.Int64, a_global_per_group: cutlass.Int32,
+                           b_global_per_group: cutlass.Int32, stream):
         """The MoE form's builder (host function; `OFFSETS_BUILDER_ARGUMENTS`): offs (G,) Int32, each group's
-        end row in A; the tables it writes (the GEMM's arguments: sizes (G + 1, 4), the tile count after the
-        last group's row; abc, sf; the descriptor table); G, T, N, K; the base addresses of A (T, K/2), B
-        (G, N, K/2), D (T, N), SFA (blocked, group g's block from row P_g) and SFB (G blocked blocks)."""
+        end row in A; the tables it writes (the GEMM's arguments: sizes (G + 1, 4), the tile count in the row
+        after the last group's, then each group's alpha (`group_alpha`); abc, sf; the descriptor table); G, T,
+        N, K; the base addresses of A (T, K/2), B (G, N, K/2), D (T, N), SFA (blocked, group g's block from row
+        P_g) and SFB (G blocked blocks); the fp32 global scales' addresses (0: none) and whether each holds one
+        value per group."""
         if cutlass.const_expr(self.config.swap_ab or not self.config.device_offsets):
             raise ValueError(f"{self.config.name}: only an unswapped configuration with device_offsets builds "
                              "its tables from offs")
@@ -786,7 +799,8 @@ class DescriptorBuilder:
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
         offs = cute.make_tensor(ptr_offs, cute.make_layout(num_groups))
         self.offsets_builder(atoms, offs, problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, tokens, n, k,
-                             a_address, b_address, c_address, sfa_address, sfb_address).launch(
+                             a_address, b_address, c_address, sfa_address, sfb_address, a_global_address,
+                             b_global_address, a_global_per_group, b_global_per_group).launch(
             grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
             use_pdl=self.config.pdl)
 
@@ -795,7 +809,9 @@ class DescriptorBuilder:
                         sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32,
                         tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_address: cutlass.Int64,
                         b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
-                        sfb_address: cutlass.Int64):
+                        sfb_address: cutlass.Int64, a_global_address: cutlass.Int64,
+                        b_global_address: cutlass.Int64, a_global_per_group: cutlass.Int32,
+                        b_global_per_group: cutlass.Int32):
         """One warp per group, all after griddepcontrol.wait (offs may be the previous kernel's output, and the
         tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`) and the tile
         count (group 0), and its descriptors, made from those rows in registers."""
@@ -826,6 +842,14 @@ class DescriptorBuilder:
                 sf_ptrs[group, i] = sf[0, i]
             if group == 0:
                 problem_sizes[num_groups, 0] = tiles
+            alpha = cutlass.Float32(1.0)
+            for address, per_group in ((a_global_address, a_global_per_group),
+                                       (b_global_address, b_global_per_group)):  # unrolled while tracing
+                if address != 0:
+                    alpha = alpha * cute.make_tensor(cute.make_ptr(
+                        cutlass.Float32, address + cutlass.Int64(group * per_group) * 4, cute.AddressSpace.gmem,
+                        assumed_align=4), cute.make_layout(1))[0]
+            group_alpha(problem_sizes, group)[0] = alpha
         write_group_tensormaps(atoms, self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups),
                                                                     cutlass.Int32(0), start),
                                tensormaps, group, staging)
@@ -1719,15 +1743,16 @@ GEMM_ARGUMENTS = ArgumentSpec(HOST_ARG_WIDTHS, host_arguments)
 
 def offsets_builder_arguments(values):
     """`DescriptorBuilder.build_from_offsets`'s arguments as DSL objects, from (offs, sizes, abc, sf tables, plan
-    memory, G, T, N, K, A, B, D, SFA, SFB addresses)."""
-    offs, sizes, abc, sf, memory, *counts = values
+    memory, G, T, N, K, A, B, D, SFA, SFB, a_global, b_global addresses, a_global and b_global per group)."""
+    offs, sizes, abc, sf, memory, *rest = values
     gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
     return (gmem(cutlass.Int32, offs, assumed_align=4), gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc),
             gmem(cutlass.Int64, sf), gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
-            *(cutlass.Int32(v) for v in counts[:4]), *(cutlass.Int64(v) for v in counts[4:]))
+            *(cutlass.Int32(v) for v in rest[:4]), *(cutlass.Int64(v) for v in rest[4:11]),
+            *(cutlass.Int32(v) for v in rest[11:]))
 
 
-OFFSETS_BUILDER_ARGUMENTS = ArgumentSpec((8,) * 5 + (4,) * 4 + (8,) * 5 + (8,), offsets_builder_arguments)
+OFFSETS_BUILDER_ARGUMENTS = ArgumentSpec((8,) * 5 + (4,) * 4 + (8,) * 7 + (4,) * 2 + (8,), offsets_builder_arguments)
 
 
 def _execution_args(compiled):

@@ -7,6 +7,7 @@ takes its target from CUTE_DSL_ARCH at first use, and some releases (4.3.x) comp
 without a GPU. Results are cached per kernel (toolchain.ResultCache); ptxas comes from toolchain.find_ptxas.
 """
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -279,6 +280,7 @@ def kernel_configs(arch: str) -> list:
                       for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
         candidates += [c.with_schedule(s) for c in hopper.SM90_MOE_CONFIGS.values()  # the MoE op's (moe.py)
                        for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
+        candidates += [dataclasses.replace(c, bf16_output=True) for c in hopper.SM90_MOE_CONFIGS.values()]
     else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones; the MoE op's form
         candidates = submission.policy_candidates() + [submission.MOE_CONFIG]
     kernels = {}  # one per compiled form (`kernel_name`)

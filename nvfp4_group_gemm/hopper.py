@@ -128,6 +128,7 @@ class Sm90TileConfig(TileConfig):
     # narrow_tokens (half the work), and the narrow tiles come after all others (`NarrowLastScheduler`)
     narrow_tokens: int = 0
     diagnostic: Optional[Diagnostic] = None  # only `SM90_DIAGNOSTICS` (the sweep's) set one
+    bf16_output: bool = False  # the MoE op's forms only (device_offsets): C in bf16 instead of fp16
 
     @property
     def tile_name(self) -> str:
@@ -136,7 +137,7 @@ class Sm90TileConfig(TileConfig):
             "-narrow" if self.narrow_tokens == self.tile_m // 2 else f"-narrow{self.narrow_tokens}")
         return (f"sm90-{self.tile_m}x{self.tile_n}-k{self.tile_k}-wr" + ("-pair" if self.cta_group == 2 else "")
                 + narrow + (f"-{self.diagnostic.value}" if self.diagnostic else "") + ("" if self.pdl else "-no-pdl")
-                + ("-offs" if self.device_offsets else ""))
+                + ("-offs" if self.device_offsets else "") + ("-bf16" if self.bf16_output else ""))
 
     @property
     def tile_mnk(self):
@@ -613,7 +614,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
     """Persistent grouped NVFP4 GEMM for sm_90a (see the module docstring)."""
 
     def __init__(self, config: Sm90TileConfig = SM90_CONFIG):
+        if config.bf16_output and not config.device_offsets:
+            raise ValueError(f"{config.name}: bf16 output is the MoE op's (device_offsets forms); custom_kernel's C "
+                             "is fp16")
         self.config = config
+        self.c_dtype = cutlass.BFloat16 if config.bf16_output else cutlass.Float16
         self.tile_k = config.tile_k
         self.tile_mnk = config.tile_mnk
         self.tile_m, self.tile_n = config.tile_m, config.tile_n  # the scheduler's tile of C (M x N)
@@ -764,7 +769,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             tokens: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.tokens)], 1024]
             b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 1024]
             sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
-            epilogue: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(self.epilogue_layout())],
+            epilogue: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.epilogue_layout())],
                                         16]
 
         self.shared_storage = SharedStorage
@@ -1057,7 +1062,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             output = self.output_of(problem_sizes, abc_ptrs, work)
             acc.fill(0.0)
             if cutlass.const_expr(self.config.narrow_tokens):
-                m, _, _ = output
+                m, _, _, _ = output
                 if m - work.m_tile * self.tile_m <= self.config.narrow_tokens:
                     state, release_state = self.mainloop(ab_pipeline, narrow_mma, weights, work, state,
                                                          release_state)
@@ -1100,21 +1105,25 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         release_state.advance()
         return state, release_state
 
-    @staticmethod
-    def output_of(problem_sizes, abc_ptrs, work):
-        """(M, N, C's address) of `work`'s group."""
-        return problem_sizes[work.group, 0], problem_sizes[work.group, 1], abc_ptrs[work.group, 2]
+    @cute.jit
+    def output_of(self, problem_sizes, abc_ptrs, work):
+        """(M, N, C's address, the accumulators' factor) of `work`'s group: 2^14 (`ACC_SCALE`), times the
+        group's alpha in the MoE form (`submission.group_alpha`, its global scales' product)."""
+        scale = ACC_SCALE
+        if cutlass.const_expr(self.config.device_offsets):
+            scale = submission.group_alpha(problem_sizes, work.group)[0] * ACC_SCALE
+        return problem_sizes[work.group, 0], problem_sizes[work.group, 1], abc_ptrs[work.group, 2], scale
 
     @cute.jit
     def epilogue(self, acc, tCcC, output, weight_tile, m_tile, staging, wg, wg_tidx):
-        """acc * 2^14 to fp16 into C (`output`: M, N, address) at token tile
+        """acc * 2^14 (times alpha: `output_of`) to fp16 (bf16) into C (`output`: M, N, address, factor) at token tile
         `m_tile` and weight rows 128 `weight_tile` ..; `tCcC` holds each
         value's (n, m) in the tile C^T. Warpgroup wg owns the tile's weight
         columns 64 wg .. 64 wg + 63 of C: EPILOGUE_TOKENS tokens at a time its
         threads put their values in `staging` (rows of C), then each thread
         stores 16-byte pieces of them, 8 threads per row of C (128 contiguous
         bytes), rows past M (and a pair's columns past N) left out."""
-        m, n, address = output
+        m, n, address, scale = output
         first_row = m_tile * self.tile_m
         first_col = weight_tile * WEIGHT_ROWS + 64 * wg
         rows_stored = m  # alone, every tile lies within N (a multiple of 128)
@@ -1128,7 +1137,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             for i in cutlass.range_constexpr(values):
                 col, row = tCcC[values * rows + i]
                 staging[row - EPILOGUE_TOKENS * rows, col - 64 * wg] = (
-                    acc[values * rows + i] * ACC_SCALE).to(cutlass.Float16)
+                    acc[values * rows + i] * scale).to(self.c_dtype)
             cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)
             for r in cutlass.range_constexpr(pieces):
                 piece = wg_tidx + 128 * r

@@ -20,11 +20,12 @@ Every other error is a ValueError naming the argument, raised before anything ru
 Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
 with fake implementations, so torch.compile traces through it.
 
-Two computations. The kernels (`kernel_form`: sm_90 and sm_100, fp16 output, no global scales, N a multiple
-of 128, K of 256): a builder kernel computes each group's rows, P_g, the tables, the tile count and the TMA
-descriptors from `offs` on the device (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM
-(`device_offsets` forms) walks those tiles; the host passes only T, E, N, K and base addresses, so a CUDA
-graph replays it under any routing. Everything else runs the portable computation (dequantize, then
+Two computations. The kernels (`kernel_form`: N a multiple of 128, K of 256; sm_90 with either output and
+global scales, sm_100 fp16 without them): a builder kernel computes each group's rows, P_g, the tables, the
+tile count, alpha_g and the TMA descriptors from `offs` on the device
+(`submission.DescriptorBuilder.build_from_offsets`), then the GEMM (`device_offsets` forms) walks those tiles
+and multiplies each group's fp32 sums by its alpha before the one rounding to the output's type; the host
+passes only T, E, N, K and base addresses, so a CUDA graph replays it under any routing. Everything else runs the portable computation (dequantize, then
 torch._grouped_mm on CUDA, which reads `offs` on the device; a loop over the groups on the CPU); it is exact
 up to fp32 summation order, except that on a GPU torch._grouped_mm rounds to bf16 before the global scales
 and an fp16 output are applied (one more rounding there).
@@ -265,27 +266,33 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
 def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
-    """The configuration of the kernel that runs this call (`submission.MOE_CONFIG` on sm_100, hopper.py's
-    `moe_choice` on sm_90), or None for the portable path: other devices, global scales, bf16 output,
-    N or K the kernels do not take, B's experts not back to back, a base address not 16-byte aligned."""
+    """The configuration of the kernel that runs this call (hopper.py's `moe_choice` on sm_90, in bf16 where
+    asked; `submission.MOE_CONFIG` on sm_100, fp16 without global scales), or None for the portable path:
+    other devices, N or K the kernels do not take, B's experts not back to back, a base address not 16-byte
+    aligned, and on sm_100 global scales or bf16 output."""
     from . import submission
-    if not a.is_cuda or problem.tokens == 0 or a_global is not None or b_global is not None:
+    if not a.is_cuda or problem.tokens == 0:
         return None
-    if problem.out_dtype != torch.float16 or problem.n % submission.N_MULTIPLE or problem.k % submission.K_MULTIPLE:
+    if problem.n % submission.N_MULTIPLE or problem.k % submission.K_MULTIPLE:
         return None
     b = problem.b
     if b.stride(0) != b.shape[1] * b.shape[2] or not out.is_contiguous():
         return None
+    if any(g is not None and g.dim() == 1 and g.stride(0) != 1 for g in (a_global, b_global)):
+        return None  # the builder reads a per-expert scale as an array
     if any(t.data_ptr() % submission.PTR_ALIGN_BYTES for t in (a, b, a_scale, b_scale, out)):
         return None
     capability = torch.cuda.get_device_capability(a.device)
     if capability == (10, 0):
-        return submission.MOE_CONFIG
+        plain = problem.out_dtype == torch.float16 and a_global is None and b_global is None
+        return submission.MOE_CONFIG if plain else None
     if capability == (9, 0):
+        import dataclasses
         from . import hopper
-        return hopper.moe_choice(problem.tokens, problem.experts, problem.n, problem.k,
-                                 submission.sm_count(a.device.index if a.device.index is not None
-                                                     else torch.cuda.current_device()))
+        config = hopper.moe_choice(problem.tokens, problem.experts, problem.n, problem.k,
+                                   submission.sm_count(a.device.index if a.device.index is not None
+                                                       else torch.cuda.current_device()))
+        return dataclasses.replace(config, bf16_output=problem.out_dtype == torch.bfloat16)
     return None
 
 
@@ -305,7 +312,8 @@ class KernelPlan:
         self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
                                                submission.OFFSETS_BUILDER_ARGUMENTS)
         abc_at, sf_at, sizes_at = submission.table_offsets(experts)
-        self.tables = torch.empty(sizes_at + 2 * experts + 2, dtype=torch.int64, device=device)
+        # then the tile count's row (2 words) and each group's fp32 alpha (`submission.group_alpha`)
+        self.tables = torch.empty(sizes_at + 2 * experts + 2 + (experts + 1) // 2, dtype=torch.int64, device=device)
         scratch = config.scratch_bytes([(tokens, n, k, 1)])
         self.memory = torch.empty(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
         self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
@@ -317,17 +325,20 @@ class KernelPlan:
         self.gemm = submission.HostFunction(compiled.gemm, device_index).bind(
             self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas, 0), stream)
 
-    def launch(self, a, b, a_scale, b_scale, offs, out) -> None:
-        """The builder (tables and descriptors from `offs`), then the GEMM, on the plan's stream."""
+    def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
+        """The builder (tables, alphas and descriptors from `offs` and the global scales), then the GEMM, on the
+        plan's stream."""
+        scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
         self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *self.counts, a.data_ptr(),
-                           b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr()), self.stream)()
+                           b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
+                           scales[1][0], scales[0][1], scales[1][1]), self.stream)()
         self.gemm()
 
 
 _kernel_plans = {}
 
 
-def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out) -> None:
+def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
     from . import submission
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
@@ -336,7 +347,7 @@ def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out) -> None
         plan = _kernel_plans.get(key)
         if plan is None:
             plan = _kernel_plans[key] = KernelPlan(config, index, stream, *key[3:])
-        plan.launch(a, problem.b, a_scale, b_scale, offs, out)
+        plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
 
 
 def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
@@ -345,7 +356,7 @@ def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: to
     if config is None:
         compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     else:
-        run_kernel(config, problem, a, a_scale, b_scale, offs, out)
+        run_kernel(config, problem, a, a_scale, b_scale, offs, out, a_global, b_global)
 
 
 # ---- the torch ops -----------------------------------------------------------------------------------------------

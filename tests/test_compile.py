@@ -537,11 +537,13 @@ def test_the_moe_forms_read_nothing_before_their_waits(report):
         early = [(instruction, sorted(map(str, params))) for instruction, before, params in reads if before]
         assert not early, f"{path}: read before griddepcontrol.wait: {early}"
     builder = submission.DescriptorBuilder.offsets_builder
-    offs = parameter_index(builder, "offs", {"atoms": submission.TENSORMAPS_PER_GROUP})
+    inputs = {parameter_index(builder, name, {"atoms": submission.TENSORMAPS_PER_GROUP})
+              for name in ("offs", "a_global_address", "b_global_address")}
     (entry,) = re.split(r"\.entry\s", open(kernel["offsets_builder_ptx_file"]).read())[1:]
     loaded_from = set().union(*(params for instruction, _, params in global_reads(entry)
                                 if instruction.startswith("ld.global")))
-    assert loaded_from == {offs}, f"the builder reads parameters {sorted(map(str, loaded_from))}, expected offs alone"
+    assert loaded_from == inputs, (f"the builder reads parameters {sorted(map(str, loaded_from))}, expected offs "
+                                   "and the global scales alone")
 
 
 def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():

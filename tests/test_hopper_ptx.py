@@ -14,7 +14,9 @@ from test_compile import DSL_INSTALLS, env_for
 from nvfp4_group_gemm import compile_gate
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
-SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS}  # the kernels the Hopper compile gate compiles
+# the kernels the Hopper compile gate compiles
+SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS,
+              **{f"{name}-bf16": dataclasses.replace(c, bf16_output=True) for name, c in hopper.SM90_MOE_CONFIGS.items()}}
 
 _reports = {}
 
@@ -42,9 +44,10 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
     # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either), then the MoE
     # op's forms likewise (moe_choice), each with its builder from offs
     assert [k["config"] for k in report["kernels"]] == [n for forms in (hopper.SM90_CONFIGS, hopper.SM90_MOE_CONFIGS)
-                                                        for name in forms for n in (name, f"{name}/contiguous")]
+                                                        for name in forms for n in (name, f"{name}/contiguous")] + [
+        f"{name}-bf16" for name in hopper.SM90_MOE_CONFIGS]
     for kernel in report["kernels"]:
-        config = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS}[kernel["config"].split("/")[0]]
+        config = SM90_FORMS[kernel["config"].split("/")[0]]
         assert kernel["ok"], kernel
         assert kernel.get("offsets_builder_spill_bytes", 0) == 0
         assert config.device_offsets == ("offsets_builder_registers" in kernel)

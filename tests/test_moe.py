@@ -312,6 +312,7 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
     assert builder_first == builder_second
     assert builder_first[1][:5] == (offs.data_ptr(), *plan.addresses, plan.memory.data_ptr())
     assert builder_first[1][5:9] == (4, 202, 256, 512)  # E, T, N, K: no group's size
+    assert builder_first[1][14:] == (0, 0, 0, 0)  # no global scales
     most = (202 + 127 * 4) // 128 * 2  # every group one partial tile more than T / 128, two N tiles each
     assert gemm[1] == (*plan.addresses, plan.memory.data_ptr(), 4, most, min(most, 132), 0)
     assert all(s == 7 for _, _, s in bound)
