@@ -462,11 +462,11 @@ def test_moe_op_replays_in_a_cuda_graph_under_new_routings():
 
 
 # ---- the MoE op's kernel path (fp16 output, no global scales): the GPU's kernel, sizes from offs on the device --
-def kernel_takes(args) -> bool:
+def kernel_takes(args, validated: bool = False) -> bool:
     from nvfp4_group_gemm import moe
     a_global, b_global = args.get("a_global"), args.get("b_global")
     problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], a_global, b_global,
-                          torch.float16, None)
+                          torch.float16, None, validated=validated)
     out = torch.empty(problem.tokens, problem.n, dtype=torch.float16, device="cuda")
     return moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], a_global, b_global,
                            out) is not None
@@ -524,13 +524,12 @@ def test_moe_kernel_builder_writes_the_tables_the_host_would(sizes):
     args.update(a_global=None, b_global=None)
     out = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
     torch.cuda.synchronize()
-    plan = next(p for key, p in moe._kernel_plans.items() if key[3:6] == (len(sizes), 256, 512)
-                and key[6] == sum(sizes))
     problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
                           torch.float16, out)
+    config = moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
+    plan = next(p for key, p in moe._kernel_plans.items() if key[2:] == (config, len(sizes), 256, 512, sum(sizes)))
     words = moe.device_tables(problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
     assert torch.equal(plan.tables[:len(words)], words)
-    config = moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
     assert int(plan.tables[len(words)]) & 0xFFFFFFFF == submission.tile_count([(m, 256, 512, 1) for m in sizes if m],
                                                                                 config)
 
@@ -638,7 +637,7 @@ def test_moe_kernel_reads_scale_buffers_as_laid_out_by_torch_and_by_stacked_quan
     args = {name: (v.cuda() if isinstance(v, torch.Tensor) else v) for name, v in args.items()}
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=torch.float16, validate=True)
-    assert kernel_takes(args)
+    assert kernel_takes(args, validated=True)
     out = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16, validate=True)
     within_one_fp16_rounding(out, cpu)
 
