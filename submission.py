@@ -745,10 +745,11 @@ def group_from_offsets(offs: cute.Tensor, group, num_groups, tokens, tile_m: cut
 
 class DescriptorBuilder:
     """The descriptor builder both kernels share: a small kernel, one warp per group, that writes each group's
-    TMA descriptors into the plan's table once per input (`write_group_tensormaps`). A kernel class supplies
-    `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group)` (the
-    group's tensors, one per atom), and may add to `after_descriptors` (runs after the descriptors, once per
-    group's warp)."""
+    TMA descriptors into the plan's table once per input (`write_group_tensormaps`), or, for the MoE op, every
+    call with the tables themselves from offs (`build_from_offsets`). A kernel class supplies
+    `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group,
+    start)` (the group's tensors, one per atom; `start`, its first row in A, from the MoE builder), and may add
+    to `after_descriptors` (runs after the descriptors, once per group's warp)."""
 
     @cute.jit
     def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,

@@ -78,7 +78,11 @@ Warps and pipelines (`WarpRoles`, checked at import):
 
 Configurations (`SM90_CONFIGS`): the forms that were the fastest on at least
 one benchmark in a same-run H200 measurement; docs/hopper.md has the figures
-and the forms that were tried and removed (git has their code).
+and the forms that were tried and removed (git has their code). The MoE op's
+forms (`SM90_MOE_CONFIGS`, `device_offsets`; `moe_choice` picks one from T, E,
+N, K): the same, reading tables that `submission.DescriptorBuilder.build_from_offsets`
+computes from offs on the device, each group's sums scaled by its alpha
+(global scales), C in bf16 where `bf16_output` (docs/moe.md).
 """
 import dataclasses
 import enum
@@ -1116,7 +1120,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
 
     @cute.jit
     def epilogue(self, acc, tCcC, output, weight_tile, m_tile, staging, wg, wg_tidx):
-        """acc * 2^14 (times alpha: `output_of`) to fp16 (bf16) into C (`output`: M, N, address, factor) at token tile
+        """acc times `output_of`'s factor (2^14; times alpha in the MoE form) to fp16 (bf16 in a -bf16 form)
+        into C (`output`: M, N, address, factor) at token tile
         `m_tile` and weight rows 128 `weight_tile` ..; `tCcC` holds each
         value's (n, m) in the tile C^T. Warpgroup wg owns the tile's weight
         columns 64 wg .. 64 wg + 63 of C: EPILOGUE_TOKENS tokens at a time its

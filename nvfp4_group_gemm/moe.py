@@ -25,10 +25,11 @@ global scales, sm_100 fp16 without them): a builder kernel computes each group's
 tile count, alpha_g and the TMA descriptors from `offs` on the device
 (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM (`device_offsets` forms) walks those tiles
 and multiplies each group's fp32 sums by its alpha before the one rounding to the output's type; the host
-passes only T, E, N, K and base addresses, so a CUDA graph replays it under any routing. Everything else runs the portable computation (dequantize, then
-torch._grouped_mm on CUDA, which reads `offs` on the device; a loop over the groups on the CPU); it is exact
-up to fp32 summation order, except that on a GPU torch._grouped_mm rounds to bf16 before the global scales
-and an fp16 output are applied (one more rounding there).
+passes only T, E, N, K and base addresses, so a CUDA graph replays it under any routing. Everything else
+runs the portable computation (dequantize, then torch._grouped_mm on CUDA, which reads `offs` on the device;
+a loop over the groups on the CPU); it is exact up to fp32 summation order, except that on a GPU
+torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are applied (one more rounding
+there). docs/moe.md has the design, figures and what is left.
 """
 from typing import Optional, Tuple
 

@@ -34,7 +34,8 @@ class Requirement:
 needs_cuda = Requirement(["gpu"], HAS_CUDA, "needs a CUDA GPU")
 needs_b200 = Requirement(["gpu", "b200"], IS_B200, "needs a B200 (sm_100) to run tcgen05")
 needs_hopper = Requirement(["gpu", "hopper"], IS_HOPPER, "needs a Hopper GPU (sm_90) for hopper.py's kernel")
-needs_hopper_or_b200 = Requirement(["gpu"], IS_HOPPER or IS_B200, "needs a GPU one of the kernels runs on (sm_90, sm_100)")
+needs_hopper_or_b200 = Requirement(["gpu"], IS_HOPPER or IS_B200,
+                                   "needs a GPU one of the kernels runs on (sm_90, sm_100)")
 
 
 from nvfp4_group_gemm.harness import load_submission  # noqa: E402

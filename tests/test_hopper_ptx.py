@@ -16,7 +16,8 @@ from nvfp4_group_gemm import compile_gate
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
 # the kernels the Hopper compile gate compiles
 SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS,
-              **{f"{name}-bf16": dataclasses.replace(c, bf16_output=True) for name, c in hopper.SM90_MOE_CONFIGS.items()}}
+              **{f"{name}-bf16": dataclasses.replace(c, bf16_output=True)
+                 for name, c in hopper.SM90_MOE_CONFIGS.items()}}
 
 _reports = {}
 
