@@ -210,13 +210,14 @@ class TileConfig:
     # The MoE op's form: the builder computes the tables from the groups' end rows on the device
     # (`build_from_offsets`), so the GEMM reads them, and the tile count, only after griddepcontrol.wait
     device_offsets: bool = False
+    bf16_output: bool = False  # the MoE op's forms only (device_offsets): C in bf16 instead of fp16
 
     @property
     def tile_name(self) -> str:
         """The tile configuration's name ("128x128", "swap-128x256", "2cta-256x256", ...)."""
         return ((f"{self.cta_group}cta-" if self.cta_group > 1 else "") + ("swap-" if self.swap_ab else "")
                 + f"{self.tile_m}x{self.tile_n}" + ("" if self.pdl else "-no-pdl")
-                + ("-offs" if self.device_offsets else ""))
+                + ("-offs" if self.device_offsets else "") + ("-bf16" if self.bf16_output else ""))
 
     @property
     def name(self) -> str:
@@ -925,7 +926,11 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         if config.cta_group not in (1, 2) or config.tile_m != 128 * config.cta_group:
             raise ValueError(f"{config.name}: an MMA spans 128 rows of M' per CTA (cta_group {config.cta_group}, "
                              f"tile_m {config.tile_m})")
+        if config.bf16_output and not config.device_offsets:
+            raise ValueError(f"{config.name}: bf16 output is the MoE op's (device_offsets forms); custom_kernel's C "
+                             "is fp16")
         self.config, self.tile_mnk = config, config.tile_mnk  # tile_mnk: the MMA's tile (a pair's for cta_group 2)
+        self.c_dtype = cutlass.BFloat16 if config.bf16_output else C_DTYPE
         self.two_cta = config.cta_group == 2
         self.cta_group = tcgen05.CtaGroup.TWO if self.two_cta else tcgen05.CtaGroup.ONE
         # One CTA's part of the tile: its half of the M' rows when a (2,1) cluster shares each MMA
@@ -940,14 +945,14 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
     def _setup_attributes(self, tiled_mma):
         """Stage counts and shared-memory layouts (trace time)."""
         self.epi_tile = sm100_utils.compute_epilogue_tile_shape(self.cta_tile_mnk, self.two_cta, self.c_layout,
-                                                                C_DTYPE)
+                                                                self.c_dtype)
         self.num_acc_stages = acc_stages(self.config)
         self.num_c_stages = NUM_C_STAGES
         self.num_ab_stages = self._compute_stages(tiled_mma)
         (self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
          self.sfb_smem_layout_staged) = self._ab_smem_layouts(tiled_mma, self.num_ab_stages)
         self.c_smem_layout_staged = sm100_utils.make_smem_layout_epi(
-            C_DTYPE, self.c_layout, self.epi_tile, self.num_c_stages)
+            self.c_dtype, self.c_layout, self.epi_tile, self.num_c_stages)
 
     def _ab_smem_layouts(self, tiled_mma, stages: int):
         """(MMA, MMA_M/N, MMA_K, STAGE) shared-memory layouts of A', B' (swizzled), SFA', SFB'."""
@@ -963,7 +968,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         self.stage_bytes = sum(cute.size_in_bytes(dtype, layout) for dtype, layout in zip(
             (AB_DTYPE, AB_DTYPE, SF_DTYPE, SF_DTYPE), self._ab_smem_layouts(tiled_mma, 1)))
         c_bytes = self.num_c_stages * cute.size_in_bytes(
-            C_DTYPE, sm100_utils.make_smem_layout_epi(C_DTYPE, self.c_layout, self.epi_tile, 1))
+            self.c_dtype, sm100_utils.make_smem_layout_epi(self.c_dtype, self.c_layout, self.epi_tile, 1))
         free = SMEM_CAPACITY - SMEM_RESERVED - c_bytes
         return free // self.stage_bytes
 
@@ -1050,7 +1055,8 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             # a one-element range: .data_ptr() exists in every supported DSL release
             tmem_holding_buf: cute.struct.MemRange[cutlass.Int32, 1]
             # (EPI_TILE_M, EPI_TILE_N, STAGE)
-            sC: cute.struct.Align[cute.struct.MemRange[C_DTYPE, cute.cosize(self.c_smem_layout_staged.outer)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.c_smem_layout_staged.outer)],
+                                  1024]
             # (MMA, MMA_M, MMA_K, STAGE)
             sA: cute.struct.Align[cute.struct.MemRange[AB_DTYPE, cute.cosize(self.a_smem_layout_staged.outer)], 1024]
             # (MMA, MMA_N, MMA_K, STAGE)
@@ -1186,7 +1192,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         """D' (M', N'): C row-major, or C^T column-major when swapped."""
         stride = (1, mp, mp * np_) if cutlass.const_expr(self.config.swap_ab) else (np_, 1, mp * np_)
         return cute.make_tensor(
-            cute.make_ptr(C_DTYPE, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
+            cute.make_ptr(self.c_dtype, address, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
             cute.make_layout((mp, np_, 1), stride=stride))
 
     @cute.jit
@@ -1330,8 +1336,9 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
     @cute.jit
     def epilogue(self, layouts, smem, acc_pipeline, scheduler, tensormaps, plan_ready, tiled_mma, pair, tCtAcc_fake,
                  tmem_alloc_barrier, tma_atom_c, mC_mnl):
-        """Per tile, the accumulator to fp16 D' in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store (a
-        pair: each CTA its own 128 rows)."""
+        """Per tile, the accumulator to fp16 D' (bf16 in a -bf16 form; the MoE form multiplies it by the group's
+        alpha first) in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store (a pair: each CTA its own 128
+        rows)."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         epilogue_barrier = pipeline.NamedBarrier(barrier_id=self.roles.epilogue_barrier,
@@ -1347,7 +1354,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             cute.local_tile(mC_mnl, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None)))
         # TMEM -> registers: (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
         copy_t2r = tcgen05.make_tmem_copy(
-            sm100_utils.get_tmem_load_op(self.cta_tile_mnk, self.c_layout, C_DTYPE, ACC_DTYPE,
+            sm100_utils.get_tmem_load_op(self.cta_tile_mnk, self.c_layout, self.c_dtype, ACC_DTYPE,
                                          layouts.epi_tile, self.two_cta),
             cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], layouts.epi_tile)[(None, None, 0, 0, 0)])
         thr_t2r = copy_t2r.get_slice(tidx)
@@ -1355,10 +1362,10 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], layouts.epi_tile)
         tTR_rAcc = cute.make_rmem_tensor(
             thr_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, ACC_DTYPE)
-        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, C_DTYPE)
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
         # registers -> shared memory: (R2S, R2S_M, R2S_N, C_STAGE)
         copy_r2s = cute.make_tiled_copy_D(
-            sm100_utils.get_smem_store_op(self.c_layout, C_DTYPE, ACC_DTYPE, copy_t2r), copy_t2r)
+            sm100_utils.get_smem_store_op(self.c_layout, self.c_dtype, ACC_DTYPE, copy_t2r), copy_t2r)
         tRS_sC = copy_r2s.get_slice(tidx).partition_D(sC)
         tRS_rC = copy_r2s.retile(tTR_rC)
         # shared memory -> global (TMA): ((ATOM_V, REST_V), C_STAGE) and
@@ -1378,11 +1385,17 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, work.m_tile, work.n_tile, 0)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
             tTR_tAcc = cute.group_modes(tTR_tAcc_base[(None, None, None, None, None, acc_state.index)], 3, 5)
+            alpha = cutlass.Float32(1.0)
+            if cutlass.const_expr(self.config.device_offsets):  # its global scales' product (`group_alpha`)
+                alpha = group_alpha(scheduler.problem_sizes, work.group)[0]
             acc_pipeline.consumer_wait(acc_state)
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             for subtile in cutlass.range(num_subtiles):
                 cute.copy(copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
-                tRS_rC.store(copy_r2s.retile(tTR_rAcc).load().to(C_DTYPE))
+                if cutlass.const_expr(self.config.device_offsets):  # the MoE form: the group's alpha first
+                    tRS_rC.store((copy_r2s.retile(tTR_rAcc).load() * alpha).to(self.c_dtype))
+                else:
+                    tRS_rC.store(copy_r2s.retile(tTR_rAcc).load().to(self.c_dtype))
                 buffer = (subtiles_done + subtile) % self.num_c_stages
                 cute.copy(copy_r2s, tRS_rC, tRS_sC[(None, None, None, buffer)])
                 # generic-proxy smem writes must be visible to the TMA (async proxy)

@@ -282,7 +282,8 @@ def kernel_configs(arch: str) -> list:
                        for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
         candidates += [dataclasses.replace(c, bf16_output=True) for c in hopper.SM90_MOE_CONFIGS.values()]
     else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones; the MoE op's form
-        candidates = submission.policy_candidates() + [submission.MOE_CONFIG]
+        candidates = submission.policy_candidates() + [submission.MOE_CONFIG,
+                                                        dataclasses.replace(submission.MOE_CONFIG, bf16_output=True)]
     kernels = {}  # one per compiled form (`kernel_name`)
     for c in candidates:
         kernels.setdefault(kernel_name(c), c.compile_key)

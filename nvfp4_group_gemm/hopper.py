@@ -132,7 +132,6 @@ class Sm90TileConfig(TileConfig):
     # narrow_tokens (half the work), and the narrow tiles come after all others (`NarrowLastScheduler`)
     narrow_tokens: int = 0
     diagnostic: Optional[Diagnostic] = None  # only `SM90_DIAGNOSTICS` (the sweep's) set one
-    bf16_output: bool = False  # the MoE op's forms only (device_offsets): C in bf16 instead of fp16
 
     @property
     def tile_name(self) -> str:

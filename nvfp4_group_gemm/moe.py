@@ -20,8 +20,8 @@ Every other error is a ValueError naming the argument, raised before anything ru
 Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
 with fake implementations, so torch.compile traces through it.
 
-Two computations. The kernels (`kernel_form`: N a multiple of 128, K of 256; sm_90 with either output and
-global scales, sm_100 fp16 without them): a builder kernel computes each group's rows, P_g, the tables, the
+Two computations. The kernels (`kernel_form`: sm_90 and sm_100, N a multiple of 128, K of 256): a builder
+kernel computes each group's rows, P_g, the tables, the
 tile count, alpha_g and the TMA descriptors from `offs` on the device
 (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM (`device_offsets` forms) walks those tiles
 and multiplies each group's fp32 sums by its alpha before the one rounding to the output's type; the host
@@ -31,6 +31,7 @@ a loop over the groups on the CPU); it is exact up to fp32 summation order, exce
 torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are applied (one more rounding
 there). docs/moe.md has the design, figures and what is left.
 """
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
@@ -267,10 +268,10 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
 def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
-    """The configuration of the kernel that runs this call (hopper.py's `moe_choice` on sm_90, in bf16 where
-    asked; `submission.MOE_CONFIG` on sm_100, fp16 without global scales), or None for the portable path:
-    other devices, N or K the kernels do not take, B's experts not back to back, a base address not 16-byte
-    aligned, and on sm_100 global scales or bf16 output."""
+    """The configuration of the kernel that runs this call (hopper.py's `moe_choice` on sm_90,
+    `submission.MOE_CONFIG` on sm_100; a -bf16 form for bf16 output), or None for the portable path: other
+    devices, N or K the kernels do not take, B's experts not back to back, a base address not 16-byte
+    aligned."""
     from . import submission
     if not a.is_cuda or problem.tokens == 0:
         return None
@@ -285,16 +286,15 @@ def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
         return None
     capability = torch.cuda.get_device_capability(a.device)
     if capability == (10, 0):
-        plain = problem.out_dtype == torch.float16 and a_global is None and b_global is None
-        return submission.MOE_CONFIG if plain else None
-    if capability == (9, 0):
-        import dataclasses
+        config = submission.MOE_CONFIG
+    elif capability == (9, 0):
         from . import hopper
         config = hopper.moe_choice(problem.tokens, problem.experts, problem.n, problem.k,
                                    submission.sm_count(a.device.index if a.device.index is not None
                                                        else torch.cuda.current_device()))
-        return dataclasses.replace(config, bf16_output=problem.out_dtype == torch.bfloat16)
-    return None
+    else:
+        return None
+    return dataclasses.replace(config, bf16_output=problem.out_dtype == torch.bfloat16)
 
 
 class KernelPlan:

@@ -23,8 +23,8 @@ for run in 1 2; do
     seconds[$run]=$(python -c "print(round($EPOCHREALTIME - $start, 1))")
     echo "run $run: exit 0 in ${seconds[$run]} s"
 done
-grep -q '^  \[1/9\] ' "$work/eval1.log" || fail "no progress lines in the first run"
-grep -q '(9 of 9 kernels from the cache' "$work/eval2.log" || fail "the second run did not use the cache"
+grep -q '^  \[1/10\] ' "$work/eval1.log" || fail "no progress lines in the first run"
+grep -q '(10 of 10 kernels from the cache' "$work/eval2.log" || fail "the second run did not use the cache"
 python -c "import sys; sys.exit(not 2 * ${seconds[2]} < ${seconds[1]})" || fail "the second run took ${seconds[2]} s, not under half of ${seconds[1]} s"
 
 echo "=== 2. pip install . into a new virtual environment"
@@ -40,7 +40,7 @@ done
 echo "no top-level eval, task, reference, harness, submission, hopper, portable, hostbench"
 "$work/venv/bin/nvfp4-group-gemm" tests >"$work/tests.log" 2>&1 || {
     grep -E "FAIL|rror" "$work/tests.log" | head -20; tail -20 "$work/tests.log"; fail "nvfp4-group-gemm tests"; }
-grep -q '9 kernels, 38 shape sets, 0 failures' "$work/tests.log" || fail "nvfp4-group-gemm tests: the compile gate"
+grep -q '10 kernels, 38 shape sets, 0 failures' "$work/tests.log" || fail "nvfp4-group-gemm tests: the compile gate"
 grep -q '(10/10 agree)' "$work/tests.log" || fail "nvfp4-group-gemm tests: the reference self-check"
-echo "nvfp4-group-gemm tests: exit 0, 9 kernels compiled, 10/10 agree"
+echo "nvfp4-group-gemm tests: exit 0, 10 kernels compiled, 10/10 agree"
 echo "=== fresh-machine-check: pass"

@@ -69,10 +69,10 @@ def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
     # every kernel CONFIG_POLICY may name: each tile configuration (the model's and the 2-CTA ones),
     # round-robin and contiguous; and the MoE op's form, with its builder from offs
-    assert set(kernels) == {compile_gate.kernel_name(c)
-                            for c in submission.policy_candidates() + [submission.MOE_CONFIG]}
+    moe_forms = [submission.MOE_CONFIG, dataclasses.replace(submission.MOE_CONFIG, bf16_output=True)]
+    assert set(kernels) == {compile_gate.kernel_name(c) for c in submission.policy_candidates() + moe_forms}
     assert {name.split("/")[0] for name in kernels} == (set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
-                                                        | {submission.MOE_CONFIG.tile_name})
+                                                        | {c.tile_name for c in moe_forms})
     for k in kernels.values():
         assert k["ok"], k
         assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 and k["stack_bytes"] == 0
@@ -529,8 +529,9 @@ def test_the_moe_forms_read_nothing_before_their_waits(report):
     """The MoE form's tables are a kernel's output (its builder computes them from offs, which may itself be the
     previous kernel's output): its builder and its GEMM read no global memory before griddepcontrol.wait, and
     the group sizes reach them through offs alone (the builder's host function has no size table)."""
-    (kernel,) = [k for k in report["kernels"] if "-offs" in k["config"]]
-    for path in (kernel["ptx_file"], kernel["offsets_builder_ptx_file"]):
+    moe_kernels = [k for k in report["kernels"] if "-offs" in k["config"]]
+    assert len(moe_kernels) == 2  # fp16 and bf16 output
+    for path in (p for k in moe_kernels for p in (k["ptx_file"], k["offsets_builder_ptx_file"])):
         (entry,) = re.split(r"\.entry\s", open(path).read())[1:]
         reads = global_reads(entry)
         assert reads, (path, "no global read at all: the premise changed")
@@ -539,7 +540,7 @@ def test_the_moe_forms_read_nothing_before_their_waits(report):
     builder = submission.DescriptorBuilder.offsets_builder
     inputs = {parameter_index(builder, name, {"atoms": submission.TENSORMAPS_PER_GROUP})
               for name in ("offs", "a_global_address", "b_global_address")}
-    (entry,) = re.split(r"\.entry\s", open(kernel["offsets_builder_ptx_file"]).read())[1:]
+    (entry,) = re.split(r"\.entry\s", open(moe_kernels[0]["offsets_builder_ptx_file"]).read())[1:]
     loaded_from = set().union(*(params for instruction, _, params in global_reads(entry)
                                 if instruction.startswith("ld.global")))
     assert loaded_from == inputs, (f"the builder reads parameters {sorted(map(str, loaded_from))}, expected offs "

@@ -642,10 +642,10 @@ def test_moe_kernel_reads_scale_buffers_as_laid_out_by_torch_and_by_stacked_quan
     within_one_fp16_rounding(out, cpu)
 
 
-@needs_hopper
+@needs_hopper_or_b200
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("per_expert_a", [False, True])
-def test_moe_hopper_kernel_applies_global_scales_before_its_one_rounding(out_dtype, per_expert_a):
+def test_moe_kernel_applies_global_scales_before_its_one_rounding(out_dtype, per_expert_a):
     """a_global () or (E,), b_global (E,): alpha_g multiplies the fp32 sums, then one rounding to fp16 or bf16;
     within one rounding of the CPU's (fp32 sums times alpha, rounded once)."""
     from nvfp4_group_gemm import moe
