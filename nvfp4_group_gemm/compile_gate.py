@@ -222,19 +222,17 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         row.update(ptxas_report(ptx, arch, ptxas))
         if builder_ptx:
             row["builder_ptx_features"] = ptx_features(builder_ptx)
-            builder = ptxas_report(builder_ptx, arch, ptxas)
-            row.update(builder_registers=builder["registers"],
-                       builder_spill_bytes=builder["spill_store_bytes"] + builder["spill_load_bytes"])
+        # the builders: registers, spills and (kept) their PTX, under "builder_..." and "offsets_builder_..."
+        for prefix, suffix, side_ptx in (("builder", "builder", builder_ptx), ("offsets_builder", "offsets",
+                                                                             offsets_ptx)):
+            if not side_ptx:
+                continue
+            side = ptxas_report(side_ptx, arch, ptxas)
+            row.update({f"{prefix}_registers": side["registers"],
+                        f"{prefix}_spill_bytes": side["spill_store_bytes"] + side["spill_load_bytes"]})
             if keep_dir:
-                row["builder_ptx_file"] = str(Path(keep_dir) / f"{file_stem(config_name)}.{arch}.builder.ptx")
-                Path(row["builder_ptx_file"]).write_text(builder_ptx.replace("\x00", ""))
-        if offsets_ptx:
-            offsets = ptxas_report(offsets_ptx, arch, ptxas)
-            row.update(offsets_builder_registers=offsets["registers"],
-                       offsets_builder_spill_bytes=offsets["spill_store_bytes"] + offsets["spill_load_bytes"])
-            if keep_dir:
-                row["offsets_builder_ptx_file"] = str(Path(keep_dir) / f"{file_stem(config_name)}.{arch}.offsets.ptx")
-                Path(row["offsets_builder_ptx_file"]).write_text(offsets_ptx.replace("\x00", ""))
+                row[f"{prefix}_ptx_file"] = str(Path(keep_dir) / f"{file_stem(config_name)}.{arch}.{suffix}.ptx")
+                Path(row[f"{prefix}_ptx_file"]).write_text(side_ptx.replace("\x00", ""))
         row["ok"] = (row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0
                      and row.get("builder_spill_bytes", 0) == 0 and row.get("offsets_builder_spill_bytes", 0) == 0)
         if "builder_error" in row:
