@@ -297,13 +297,20 @@ def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
     return dataclasses.replace(config, bf16_output=problem.out_dtype == torch.bfloat16)
 
 
+def token_capacity(tokens: int) -> int:
+    """The T a plan is made for: `tokens` rounded up to a power of two (at least 64), so that calls whose T
+    varies share a few plans."""
+    return max(64, 1 << (tokens - 1).bit_length())
+
+
 class KernelPlan:
-    """What one (device, stream, configuration, E, N, K, T) keeps between calls, none of it read from `offs` on
-    the host: the tables the builder writes (`submission.table_offsets` order, then the tile count after the
-    sizes), the plan's memory (descriptors; hopper.py's token counters and converted tokens, T x K x 2 bytes),
-    the grid (for the most tiles any routing of T tokens over E experts can make) and the GEMM's launch. Each
-    call's builder waits for the kernel before it (the previous call's GEMM), so calls in stream order share
-    them; a CUDA graph keeps using them, so a plan is never freed."""
+    """What one (device, stream, configuration, E, N, K, `token_capacity`) keeps between calls, none of it read
+    from `offs` on the host: the tables the builder writes (`submission.table_offsets` order, then the tile
+    count after the sizes), the plan's memory (descriptors; hopper.py's token counters and converted tokens,
+    `tokens` x K x 2 bytes), the grid (for the most tiles any routing of `tokens` over E experts can make, so
+    of any fewer) and the GEMM's launch. Each call's builder waits for the kernel before it (the previous
+    call's GEMM), so calls in stream order share them; a CUDA graph keeps using them, so a plan is never
+    freed."""
 
     def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
                  device=None):
@@ -321,7 +328,7 @@ class KernelPlan:
         tile_rows = (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m
         self.max_tiles = tile_rows * submission.ceil_div(n, config.tile_n)
         self.ctas = submission.persistent_ctas(self.max_tiles, submission.sm_count(device_index) // config.cta_group)
-        self.counts = (experts, tokens, n, k)
+        self.experts, self.n, self.k = experts, n, k
         self.stream = stream
         self.gemm = submission.HostFunction(compiled.gemm, device_index).bind(
             self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas, 0), stream)
@@ -330,7 +337,8 @@ class KernelPlan:
         """The builder (tables, alphas and descriptors from `offs` and the global scales), then the GEMM, on the
         plan's stream."""
         scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
-        self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *self.counts, a.data_ptr(),
+        counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
+        self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *counts, a.data_ptr(),
                            b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
                            scales[1][0], scales[0][1], scales[1][1]), self.stream)()
         self.gemm()
@@ -344,7 +352,7 @@ def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out, a_globa
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
         stream = submission.current_stream_handle(index)
-        key = (index, stream, config, problem.experts, problem.n, problem.k, problem.tokens)
+        key = (index, stream, config, problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
         plan = _kernel_plans.get(key)
         if plan is None:
             plan = _kernel_plans[key] = KernelPlan(config, index, stream, *key[3:])

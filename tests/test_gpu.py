@@ -507,7 +507,8 @@ def test_moe_kernel_builder_writes_the_tables_the_host_would(sizes):
     problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
                           torch.float16, out)
     config = moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
-    plan = next(p for key, p in moe._kernel_plans.items() if key[2:] == (config, len(sizes), 256, 512, sum(sizes)))
+    plan = next(p for key, p in moe._kernel_plans.items()
+                if key[2:] == (config, len(sizes), 256, 512, moe.token_capacity(sum(sizes))))
     words = moe.device_tables(problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
     assert torch.equal(plan.tables[:len(words)], words)
     assert int(plan.tables[len(words)]) & 0xFFFFFFFF == submission.tile_count([(m, 256, 512, 1) for m in sizes if m],

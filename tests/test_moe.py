@@ -300,7 +300,8 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
     monkeypatch.setattr(submission, "sm_count", lambda index: 132)
     first, _ = routed((72, 0, 129, 1))
     second, _ = routed((1, 1, 1, 199), seed=1)
-    plan = moe.KernelPlan(submission.MOE_CONFIG, 0, 7, experts=4, n=256, k=512, tokens=202, device="cpu")
+    plan = moe.KernelPlan(submission.MOE_CONFIG, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202),
+                          device="cpu")
     out = torch.empty(202, 256, dtype=torch.float16)
     a, offs, a_scale = first["a"], first["offs"], first["a_scale"]
     plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
@@ -313,6 +314,12 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
     assert builder_first[1][:5] == (offs.data_ptr(), *plan.addresses, plan.memory.data_ptr())
     assert builder_first[1][5:9] == (4, 202, 256, 512)  # E, T, N, K: no group's size
     assert builder_first[1][14:] == (0, 0, 0, 0)  # no global scales
-    most = (202 + 127 * 4) // 128 * 2  # every group one partial tile more than T / 128, two N tiles each
+    # the plan's T (256): every group one partial tile more than T / 128, two N tiles each
+    most = (moe.token_capacity(202) + 127 * 4) // 128 * 2
     assert gemm[1] == (*plan.addresses, plan.memory.data_ptr(), 4, most, min(most, 132), 0)
     assert all(s == 7 for _, _, s in bound)
+
+
+def test_calls_whose_token_count_varies_share_a_few_plans():
+    assert [moe.token_capacity(t) for t in (1, 64, 65, 202, 256, 257, 16384)] == [64, 64, 128, 256, 256, 512,
+                                                                                  16384]
