@@ -21,11 +21,11 @@ Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._
 with fake implementations, so torch.compile traces through it.
 
 Two computations. The kernels (`kernel_form`: sm_90 and sm_100, N a multiple of 128, K of 256): a builder
-kernel computes each group's rows, P_g, the tables, the
-tile count, alpha_g and the TMA descriptors from `offs` on the device
-(`submission.DescriptorBuilder.build_from_offsets`), then the GEMM (`device_offsets` forms) walks those tiles
-and multiplies each group's fp32 sums by its alpha before the one rounding to the output's type; the host
-passes only T, E, N, K and base addresses, so a CUDA graph replays it under any routing. Everything else
+kernel computes each group's rows, P_g, the tables, the tile count, alpha_g and the TMA descriptors from
+`offs` on the device (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM (`device_offsets`
+forms) walks those tiles and multiplies each group's fp32 sums by its alpha before the one rounding to the
+output's type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it under any
+routing. Everything else
 runs the portable computation (dequantize, then torch._grouped_mm on CUDA, which reads `offs` on the device;
 a loop over the groups on the CPU); it is exact up to fp32 summation order, except that on a GPU
 torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are applied (one more rounding
