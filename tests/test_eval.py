@@ -249,3 +249,16 @@ def test_the_b200_sweep_runs_end_to_end_with_stand_ins(monkeypatch, capsys):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if "-128x" in line or "128x128/" in line}
     assert rows["128x128/contiguous"][1:5] == [f"{checks}/{checks}", "10.00", "20.00", "14.14"]
     assert rows["swap-128x256/round-robin"][1:5] == [f"{checks - 2}/{checks}", "-", "-", "-"]
+
+
+def test_moe_checks_the_op_on_the_tasks_uniform_shape_sets():
+    """`eval.py moe`: every test and benchmark of one N and K (on a CPU those of N x K at most 4096^2) as
+    stacked inputs, each checked, the path that ran named (the kernel on sm_90/sm_100, else portable)."""
+    done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "moe"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  benchmark")]
+    assert [r[1] for r in rows] == (["0", "1", "2", "3"] if HAS_CUDA else ["1", "2", "3"])
+    assert all(r[3] == "ok" and r[2] in ("kernel", "portable") for r in rows), done.stdout
+    if not HAS_CUDA:
+        assert all(r[2] == "portable" for r in rows)
