@@ -355,12 +355,6 @@ def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out, a_globa
         key = (index, stream, config, problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
         plan = _kernel_plans.get(key)
         if plan is None:
-            if submission.stream_capturing():
-                raise RuntimeError(
-                    f"grouped_mm_nvfp4: the first call of E={problem.experts}, N={problem.n}, K={problem.k}, "
-                    f"T={problem.tokens} (up to {key[6]} tokens) on this stream is being captured into a CUDA graph; "
-                    "it compiles and allocates what later calls reuse, which a capture cannot: call it once "
-                    "before capturing")
             plan = _kernel_plans[key] = KernelPlan(config, index, stream, *key[3:])
         plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
 
