@@ -309,8 +309,8 @@ class KernelPlan:
     count after the sizes), the plan's memory (descriptors; hopper.py's token counters and converted tokens,
     `tokens` x K x 2 bytes), the grid (for the most tiles any routing of `tokens` over E experts can make, so
     of any fewer) and the GEMM's launch. Each call's builder waits for the kernel before it (the previous
-    call's GEMM), so calls in stream order share them; a CUDA graph keeps using them, so a plan is never
-    freed."""
+    call's GEMM), so calls in stream order share them, and another stream has its own; a CUDA graph keeps
+    using them, so a plan is never freed."""
 
     def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
                  device=None):
