@@ -638,3 +638,15 @@ def test_moe_kernel_applies_global_scales_before_its_one_rounding(out_dtype, per
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=out_dtype)
     within_one_rounding(out, cpu)
+
+
+@needs_hopper_or_b200
+def test_moe_kernel_takes_vllms_expert_offsets_view():
+    """offs = expert_offsets[1:], 4 bytes past its storage's start: the builder reads it as an int32 array."""
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((72, 0, 129, 1))
+    args.update(a_global=None, b_global=None)
+    expert_offsets = torch.cat((torch.zeros(1, dtype=torch.int32, device="cuda"), args["offs"]))
+    expected = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
+    got = moe.grouped_mm_nvfp4(**{**args, "offs": expert_offsets[1:]}, out_dtype=torch.float16)
+    assert torch.equal(got, expected)

@@ -323,3 +323,14 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
 def test_calls_whose_token_count_varies_share_a_few_plans():
     assert [moe.token_capacity(t) for t in (1, 64, 65, 202, 256, 257, 16384)] == [64, 64, 128, 256, 256, 512,
                                                                                   16384]
+
+
+def test_vllms_expert_offsets_view_is_taken_as_offs_without_a_copy():
+    """vLLM keeps each expert's start and the end, (E + 1,), and passes expert_offsets[1:]: a view that starts
+    one element in, taken as it is."""
+    args, _ = routed((72, 0, 129, 1))
+    expert_offsets = torch.cat((torch.zeros(1, dtype=torch.int32), args["offs"]))
+    view = expert_offsets[1:]
+    assert view.data_ptr() == expert_offsets.data_ptr() + 4
+    expected = moe.grouped_mm_nvfp4(**args)
+    assert torch.equal(moe.grouped_mm_nvfp4(**{**args, "offs": view}), expected)
