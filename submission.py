@@ -815,8 +815,8 @@ class DescriptorBuilder:
                         b_global_address: cutlass.Int64, a_global_per_group: cutlass.Int32,
                         b_global_per_group: cutlass.Int32):
         """One warp per group, all after griddepcontrol.wait (offs may be the previous kernel's output, and the
-        tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`) and the tile
-        count (group 0), and its descriptors, made from those rows in registers."""
+        tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`), the tile
+        count (group 0) and its alpha (`group_alpha`), and its descriptors, made from those rows in registers."""
         _, _, group = cute.arch.block_idx()
         staging = SmemAllocator().allocate(self.tensormap_staging)
         cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading anything
