@@ -561,3 +561,19 @@ def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():
                      (dataclasses.replace(roles, tmem_alloc_barrier=1), "named barriers are distinct")):
         with pytest.raises(ValueError, match=why):
             submission.Sm100GroupedGemmKernel(submission.TILE_CONFIGS["128x128"], bad)
+
+
+def test_the_b200_moe_form_is_the_reviewed_128x128_kernel_plus_its_wait(report):
+    """The MoE form's GEMM is the 128x128 kernel (whose PTX the review compared with NVIDIA's example) with one
+    more griddepcontrol.wait, the one before it reads the tables: every other instruction class counts the same
+    (scripts/ptx_counts.py's classes), the MMA forms too."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ptx_counts
+    kernels = {k["config"]: k for k in report["kernels"]}
+    reviewed = open(kernels["128x128"]["ptx_file"]).read()
+    moe = open(kernels[compile_gate.kernel_name(submission.MOE_CONFIG)]["ptx_file"]).read()
+    before, after = ptx_counts.counts(reviewed), ptx_counts.counts(moe)
+    assert after.pop("griddepcontrol") == before.pop("griddepcontrol") + 1
+    assert after == before
+    mma = re.compile(r"tcgen05\.mma\S*")
+    assert sorted(mma.findall(moe)) == sorted(mma.findall(reviewed))
