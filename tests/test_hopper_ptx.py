@@ -219,6 +219,25 @@ def _kernel_ptx(configs, dump_dir) -> dict:
 
 
 @pytest.mark.slow
+def test_each_moe_form_is_its_leaderboard_form_plus_its_wait(report):
+    """Each MoE form (device_offsets, both schedules, and bf16 output) has its leaderboard form's instructions,
+    class by class (scripts/ptx_counts.py's) and wgmma form by form, plus one griddepcontrol.wait: the one before
+    it reads the tables its builder wrote."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ptx_counts
+    kernels = {k["config"]: k for k in report["kernels"]}
+    wgmma = re.compile(r"wgmma\.mma_async\S*")
+    for name, kernel in kernels.items():
+        if "-offs" not in name:
+            continue
+        leaderboard = open(kernels[name.replace("-offs", "").replace("-bf16", "")]["ptx_file"]).read()
+        moe = open(kernel["ptx_file"]).read()
+        before, after = ptx_counts.counts(leaderboard), ptx_counts.counts(moe)
+        assert after.pop("griddepcontrol") == before.pop("griddepcontrol") + 1, name
+        assert after == before, name
+        assert sorted(wgmma.findall(moe)) == sorted(wgmma.findall(leaderboard)), name
+
+
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     """`eval.py sweep --diagnose` variants (timing only; each Diagnostic gives wrong results by design; the
     no-pdl form is exact): each is the default form with one part left out or moved, and its PTX shows it
