@@ -509,25 +509,46 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
 
 
+# The MoE form's sizes table (`build_from_offsets`): the (G, 4) Int32 rows, then a row whose first word is the
+# tile count (`tile_count_cell`), then each group's fp32 alpha (`group_alpha`).
 @cute.jit
-def tiles_to_walk(problem_sizes: cute.Tensor, total_tiles, device_offsets: cutlass.Constexpr[bool]):
-    """The linear tile count the CTAs walk: the host's `total_tiles`, or (the MoE form, `device_offsets`) the
-    one `build_from_offsets` wrote after the (G, 4) sizes table, read after griddepcontrol.wait: a kernel
-    wrote the tables, so nothing of them may be read before that kernel's end."""
-    total = total_tiles
-    if cutlass.const_expr(device_offsets):
-        cute.arch.griddepcontrol_wait()
-        total = cute.make_tensor(problem_sizes.iterator + 4 * problem_sizes.shape[0], cute.make_layout(1))[0]
-    return total
+def tile_count_cell(problem_sizes: cute.Tensor):
+    """The MoE form's (1,) Int32 tile count, in the row after the (G, 4) sizes."""
+    return cute.make_tensor(problem_sizes.iterator + 4 * problem_sizes.shape[0], cute.make_layout(1))
 
 
 @cute.jit
 def group_alpha(problem_sizes: cute.Tensor, group):
     """The MoE form's (1,) Float32 of `group`'s alpha (its global scales' product, 1 without them), which its
-    builder writes after the sizes table's tile-count row and its epilogue multiplies the sums by."""
+    builder writes after the tile count's row and its epilogue multiplies the sums by."""
     address = problem_sizes.iterator.toint() + (4 * (problem_sizes.shape[0] + 1) + group) * 4
     return cute.make_tensor(cute.make_ptr(cutlass.Float32, address, cute.AddressSpace.gmem, assumed_align=4),
                             cute.make_layout(1))
+
+
+def moe_table_words(num_groups: int) -> int:
+    """Int64 words of the MoE form's tables: abc, sf and sizes (`table_offsets`), the tile count's row,
+    each group's alpha."""
+    _, _, sizes_at = table_offsets(num_groups)
+    return sizes_at + 2 * num_groups + 2 + ceil_div(num_groups, 2)
+
+
+def most_tiles(tokens: int, experts: int, n: int, config: TileConfig) -> int:
+    """The most linear tiles any routing of `tokens` over `experts` groups of N = `n` can make: each group one
+    partial M tile more than its rows fill, at most min(E, T) of them (the MoE form's grid bound)."""
+    return (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m * ceil_div(n, config.tile_n)
+
+
+@cute.jit
+def tiles_to_walk(problem_sizes: cute.Tensor, total_tiles, device_offsets: cutlass.Constexpr[bool]):
+    """The linear tile count the CTAs walk: the host's `total_tiles`, or (the MoE form, `device_offsets`) the
+    one `build_from_offsets` wrote (`tile_count_cell`), read after griddepcontrol.wait: a kernel wrote the
+    tables, so nothing of them may be read before that kernel's end."""
+    total = total_tiles
+    if cutlass.const_expr(device_offsets):
+        cute.arch.griddepcontrol_wait()
+        total = tile_count_cell(problem_sizes)[0]
+    return total
 
 
 class WorkTile(NamedTuple):
@@ -843,7 +864,7 @@ class DescriptorBuilder:
             for i in cutlass.range_constexpr(2):
                 sf_ptrs[group, i] = sf[0, i]
             if group == 0:
-                problem_sizes[num_groups, 0] = tiles
+                tile_count_cell(problem_sizes)[0] = tiles
             alpha = cutlass.Float32(1.0)
             for address, per_group in ((a_global_address, a_global_per_group),
                                        (b_global_address, b_global_per_group)):  # unrolled while tracing

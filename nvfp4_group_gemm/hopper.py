@@ -169,7 +169,6 @@ SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
 # The MoE op's forms (moe.py): these, their tables built from the groups' end rows on the device
 SM90_MOE_CONFIGS = {c.tile_name: c for c in (dataclasses.replace(f, device_offsets=True)
                                               for f in SM90_CONFIGS.values())}
-SM90_MOE_CONFIG = dataclasses.replace(SM90_CONFIG, device_offsets=True)
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
 
@@ -1429,10 +1428,8 @@ def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90T
     def mean_cost(name):
         return sum(busiest_cta_cost(r, num_sms, SM90_CONFIGS[name]) for r in routings) / len(routings)
     config = dataclasses.replace(SM90_CONFIGS[min(SM90_TILE_COST_NS, key=mean_cost)], device_offsets=True)
-    units = num_sms // config.cta_group
-    most_tiles = (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m * submission.ceil_div(
-        n, config.tile_n)
-    return config.with_schedule(submission.Schedule(contiguous=most_tiles > units and not config.narrow_tokens))
+    contiguous = submission.most_tiles(tokens, experts, n, config) > num_sms // config.cta_group
+    return config.with_schedule(submission.Schedule(contiguous=contiguous and not config.narrow_tokens))
 
 
 def config_from_setting(setting) -> Sm90TileConfig:

@@ -251,7 +251,8 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
     """The launcher's table words (`submission.gather_tables`' layout for an unswapped configuration, groups in
     order: A, B, D addresses, then SFA, SFB addresses, then (M, N) and (K, L) as int32 pairs) computed on the
     device from `offs`, with no synchronization: group g's A rows from offs[g-1], its SFA block from row P_g.
-    A group with no rows has M = 0. The first piece of the kernel path (docs/moe.md)."""
+    A group with no rows has M = 0. The torch twin of what `build_from_offsets` writes, which the GPU tests
+    compare it with word for word."""
     e, n, k, width = problem.experts, problem.n, problem.k, problem.width
     starts, first_scale_row = group_starts(offs)
     rows = offs.long() - starts
@@ -320,13 +321,11 @@ class KernelPlan:
         self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
                                                submission.OFFSETS_BUILDER_ARGUMENTS)
         abc_at, sf_at, sizes_at = submission.table_offsets(experts)
-        # then the tile count's row (2 words) and each group's fp32 alpha (`submission.group_alpha`)
-        self.tables = torch.empty(sizes_at + 2 * experts + 2 + (experts + 1) // 2, dtype=torch.int64, device=device)
+        self.tables = torch.empty(submission.moe_table_words(experts), dtype=torch.int64, device=device)
         scratch = config.scratch_bytes([(tokens, n, k, 1)])
         self.memory = torch.empty(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
         self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
-        tile_rows = (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m
-        self.max_tiles = tile_rows * submission.ceil_div(n, config.tile_n)
+        self.max_tiles = submission.most_tiles(tokens, experts, n, config)
         self.ctas = submission.persistent_ctas(self.max_tiles, submission.sm_count(device_index) // config.cta_group)
         self.experts, self.n, self.k = experts, n, k
         self.stream = stream
