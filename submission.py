@@ -719,11 +719,40 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups):
     problem_sizes = cute.make_tensor(ptr_problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
     abc_ptrs = cute.make_tensor(ptr_abc, cute.make_layout((num_groups, 3), stride=(3, 1)))
     sf_ptrs = cute.make_tensor(ptr_sf, cute.make_layout((num_groups, 2), stride=(2, 1)))
-    tensormaps = cute.make_tensor(
+    return problem_sizes, abc_ptrs, sf_ptrs, plan_memory(ptr_tensormaps, num_groups)
+
+
+def plan_memory(ptr_tensormaps, num_groups):
+    """A plan's memory as the (G, 5, 16) Int64 descriptor table it begins with (`PlanLayout`)."""
+    return cute.make_tensor(
         ptr_tensormaps,
         cute.make_layout((num_groups, TENSORMAPS_PER_GROUP, BYTES_PER_TENSORMAP // 8),
                          stride=(TENSORMAP_I64_PER_GROUP, BYTES_PER_TENSORMAP // 8, 1)))
-    return problem_sizes, abc_ptrs, sf_ptrs, tensormaps
+
+
+@cute.jit
+def clamped_bounds(offs: cute.Tensor, g, num_groups, tokens, carried):
+    """A warp's round of 32 groups (lane l: group g = the round's first + l): g's first row and end row, the end
+    being the largest of its and the earlier groups' ends (a running maximum: a scan across the lanes, from
+    `carried`, the end of the earlier rounds' last group), at most T. Lanes past the last group get empty
+    groups at the last end."""
+    lane = cute.arch.lane_idx()
+    end = carried
+    if g < num_groups:
+        end = offs[g]
+        if end > tokens:
+            end = tokens
+    for step in cutlass.range_constexpr(5):  # inclusive running maximum over the lanes
+        earlier = cute.arch.shuffle_sync_up(end, offset=1 << step)
+        if lane >= (1 << step):
+            if earlier > end:
+                end = earlier
+    if carried > end:
+        end = carried
+    begin = cute.arch.shuffle_sync_up(end, offset=1)
+    if lane == 0:
+        begin = carried
+    return begin, end
 
 
 @cute.jit
@@ -738,21 +767,7 @@ def group_from_offsets(offs: cute.Tensor, group, num_groups, tokens, tile_m: cut
     carried = cutlass.Int32(0)  # the end of the last group of the lanes' earlier rounds
     for first in cutlass.range(0, num_groups, 32, unroll=1):
         g = first + lane
-        end = carried
-        if g < num_groups:
-            end = offs[g]
-            if end > tokens:
-                end = tokens
-        for step in cutlass.range_constexpr(5):  # inclusive running maximum over the lanes
-            earlier = cute.arch.shuffle_sync_up(end, offset=1 << step)
-            if lane >= (1 << step):
-                if earlier > end:
-                    end = earlier
-        if carried > end:
-            end = carried
-        begin = cute.arch.shuffle_sync_up(end, offset=1)
-        if lane == 0:
-            begin = carried
+        begin, end = clamped_bounds(offs, g, num_groups, tokens, carried)
         m = end - begin
         if g == group:
             start, rows = begin, m
@@ -772,6 +787,13 @@ class DescriptorBuilder:
     `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group,
     start)` (the group's tensors, one per atom; `start`, its first row in A, from the MoE builder), and may add
     to `after_descriptors` (runs after the descriptors, once per group's warp)."""
+    # A kernel class whose MoE form computes the groups from offs itself, one launch per call (hopper.py's):
+    # no builder is compiled for it, and `host_entry` names its host function.
+    one_kernel_offsets = False
+
+    def host_entry(self):
+        """The GEMM's host function and its arguments (`ArgumentSpec`)."""
+        return self, GEMM_ARGUMENTS
 
     @cute.jit
     def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
@@ -1446,7 +1468,8 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
 
 # ==== Compilation: one kernel per (configuration, architecture) ======================================================
 # Two host functions of one kernel object, same arguments: the descriptor builder (once per input) and the GEMM.
-# The MoE form (`device_offsets`) adds a third: the builder that computes the tables from offs.
+# The MoE form (`device_offsets`) adds a third: the builder that computes the tables from offs; a kernel class
+# whose MoE form computes them itself (`one_kernel_offsets`) has that form's GEMM alone.
 class CompiledGemm(NamedTuple):
     gemm: object
     build_tensormaps: object
@@ -1470,11 +1493,15 @@ def compile_grouped_gemm(config: TileConfig) -> CompiledGemm:
     key = (config.compile_key, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
-        from_offsets = None
-        if config.device_offsets:
-            from_offsets = compile_with_placeholders(kernel.build_from_offsets, OFFSETS_BUILDER_ARGUMENTS)
-        _compiled[key] = CompiledGemm(compile_with_placeholders(kernel),
-                                      compile_with_placeholders(kernel.build_tensormaps), kernel, from_offsets)
+        gemm = compile_with_placeholders(*kernel.host_entry())
+        if config.device_offsets and kernel.one_kernel_offsets:
+            _compiled[key] = CompiledGemm(gemm, None, kernel)
+        else:
+            from_offsets = None
+            if config.device_offsets:
+                from_offsets = compile_with_placeholders(kernel.build_from_offsets, OFFSETS_BUILDER_ARGUMENTS)
+            _compiled[key] = CompiledGemm(gemm, compile_with_placeholders(kernel.build_tensormaps), kernel,
+                                          from_offsets)
         freeze_long_lived_objects()
     return _compiled[key]
 

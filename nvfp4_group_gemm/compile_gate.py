@@ -174,22 +174,25 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         from nvfp4_group_gemm import hopper
     config = config_named(config_name, arch)
     kernel = config.make_kernel()
+    entry, spec = kernel.host_entry()
+    # the MoE form of a kernel that computes its groups itself has no builder
+    builders = not (config.device_offsets and kernel.one_kernel_offsets)
     try:
-        compiled = submission.compile_with_placeholders(kernel)
+        compiled = submission.compile_with_placeholders(entry, spec)
         ptx = ptx_text(compiled)
         # Whether launches can skip the DSL's per-call argument conversion
         # (submission.HostFunction); checked on the CPU against this release.
-        row["direct_host_arguments"] = submission.argument_layout_matches(compiled)
+        row["direct_host_arguments"] = submission.argument_layout_matches(compiled, spec)
     except Exception as error:  # 4.3.x: PTX written, then cuInit fails without a GPU
         stopped_at = describe_error(error)
     builder_ptx = ""
-    if not stopped_at:  # the descriptor builder, the plan's other host function
+    if not stopped_at and builders:  # the descriptor builder, the plan's other host function
         try:
             builder_ptx = ptx_text(submission.compile_with_placeholders(kernel.build_tensormaps))
         except Exception as error:
             row["builder_error"] = describe_error(error)
     offsets_ptx = ""
-    if not stopped_at and config.device_offsets:  # the MoE form's builder, which computes the tables from offs
+    if not stopped_at and builders and config.device_offsets:  # the MoE form's builder, which computes the tables from offs
         try:
             offsets_builder = submission.compile_with_placeholders(kernel.build_from_offsets,
                                                                    submission.OFFSETS_BUILDER_ARGUMENTS)

@@ -78,11 +78,21 @@ Warps and pipelines (`WarpRoles`, checked at import):
 
 Configurations (`SM90_CONFIGS`): the forms that were the fastest on at least
 one benchmark in a same-run H200 measurement; docs/hopper.md has the figures
-and the forms that were tried and removed (git has their code). The MoE op's
-forms (`SM90_MOE_CONFIGS`, `device_offsets`; `moe_choice` picks one from T, E,
-N, K): the same, reading tables that `submission.DescriptorBuilder.build_from_offsets`
-computes from offs on the device, each group's sums scaled by its alpha
-(global scales), C in bf16 where `bf16_output` (docs/moe.md).
+and the forms that were tried and removed (git has their code).
+
+The MoE op's forms (`SM90_MOE_CONFIGS`, `device_offsets`; `moe_choice` picks
+one from T, E, N, K): the same kernel, one launch per call, with the group
+sizes on the device. After griddepcontrol.wait, warp 0 of every CTA computes
+each group's end row, its first scale row P_g and the tile count from offs
+into shared memory (`fill_offset_tables`, `OffsetTables`), which every role
+then reads as it reads the leaderboard's tables. Its two descriptors are
+kernel parameters that its host function (`moe_call`) makes on every call:
+the converted tokens, stacked in T order in the plan's scratch, and B, the
+experts stacked as E x N rows; a tile loads the tokens from its group's first
+row on (rows past the group's end are the next group's, loaded and never
+stored) and B from the expert's first row block. Each group's fp32 sums are
+scaled by its alpha (global scales) before the one rounding, C in bf16 where
+`bf16_output` (docs/moe.md).
 """
 import dataclasses
 import enum
@@ -208,6 +218,9 @@ EPILOGUE_ROW_HALVES = 72  # a staged row's stride in fp16: 144 bytes, so the 4 l
 
 F16X2_128 = 0x58005800  # fp16 128.0 in both halves
 A_FRAGMENT_LAYOUT = "((4,8,4),(2,2,2)):((128,1,16),(64,8,512))"  # wgmma m64k16 A in registers, (m + 64 k)
+# The MoE form's groups per CTA (`OffsetTables`, 8 bytes a group in shared memory, within what the default
+# form's five stages leave); the op runs more experts by the portable computation.
+MOE_MAX_EXPERTS = 256
 
 
 class WarpRoles(NamedTuple):
@@ -592,18 +605,161 @@ class NarrowLastScheduler(TileScheduler):
 
 
 # =============================================================================
+# The MoE form: each CTA's groups from offs, in shared memory
+# =============================================================================
+@dataclasses.dataclass(frozen=True)
+class OffsetTables:
+    """The MoE form's groups (`device_offsets`): every CTA computes them from offs after its
+    griddepcontrol.wait (`fill_offset_tables`) into shared memory, `bounds` (E + 2,) Int32 (0, each group's
+    end row in A, then the tile count) and `scale_rows` (E,) Int32 (each group's first row P_g in the
+    blocked SFA), and reads the leaderboard's tables as views of them (`sizes`, `abc`, `sf`: table[g, column]
+    as the (G, 4), (G, 3) and (G, 2) tensors are read): A, C and SFA from a group's first rows, B and SFB from
+    the expert's index. Frozen: read-only in dynamic loops."""
+    bounds: cute.Tensor
+    scale_rows: cute.Tensor
+    n: cutlass.Int32
+    k: cutlass.Int32
+    a: cutlass.Int64
+    c: cutlass.Int64
+    sfa: cutlass.Int64
+    sfb: cutlass.Int64
+    globals_: tuple  # ((address, per group), ...) of a_global and b_global: address 0 none, per group 0 or 1
+
+    def first_row(self, group):
+        return self.bounds[group]
+
+    def rows(self, group):
+        return self.bounds[group + 1] - self.bounds[group]
+
+    def tile_count(self, num_groups):
+        return self.bounds[num_groups + 1]
+
+    def scale_width(self):
+        return self.k // SF_VEC_SIZE  # bytes of a blocked scale row (K a multiple of 64)
+
+    def _size(self, group, column: int):
+        if column == 0:
+            return self.rows(group)
+        return (None, self.n, self.k, cutlass.Int32(1))[column]
+
+    def _abc(self, group, column: int):
+        if column == 1:
+            raise ValueError("the MoE form reads B through its stacked descriptor, not by address")
+        row_bytes = cutlass.Int64(self.k // 2) if column == 0 else cutlass.Int64(self.n) * 2
+        return (self.a if column == 0 else self.c) + cutlass.Int64(self.first_row(group)) * row_bytes
+
+    def _sf(self, group, column: int):
+        if column == 0:
+            return self.sfa + cutlass.Int64(self.scale_rows[group]) * cutlass.Int64(self.scale_width())
+        return self.sfb + cutlass.Int64(group) * cutlass.Int64(self.n) * cutlass.Int64(self.scale_width())
+
+    @property
+    def sizes(self):
+        return TableView(self._size)
+
+    @property
+    def abc(self):
+        return TableView(self._abc)
+
+    @property
+    def sf(self):
+        return TableView(self._sf)
+
+    @cute.jit
+    def alpha(self, group):
+        """The group's global scales' product (1 without them)."""
+        alpha = cutlass.Float32(1.0)
+        for address, per_group in self.globals_:  # unrolled while tracing
+            if address != 0:
+                alpha = alpha * cute.make_tensor(cute.make_ptr(
+                    cutlass.Float32, address + cutlass.Int64(group * per_group) * 4, cute.AddressSpace.gmem,
+                    assumed_align=4), cute.make_layout(1))[0]
+        return alpha
+
+    @cute.jit
+    def group_of_row(self, row, num_groups):
+        """The group holding row `row` of A (< the last group's end): the last group whose first row is at
+        most `row` (a binary search of `bounds`; the empty groups before a group share its first row)."""
+        low, high = cutlass.Int32(0), num_groups
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.bounds[middle] <= row:
+                low = middle
+            else:
+                high = middle
+        return low
+
+
+@dataclasses.dataclass(frozen=True)
+class TableView:
+    """table[group, column] read through a function (OffsetTables' views)."""
+    read: object
+
+    def __getitem__(self, index):
+        group, column = index
+        return self.read(group, column)
+
+
+@cute.jit
+def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, tokens, tile_m: cutlass.Constexpr[int],
+                       tiles_n):
+    """One warp (after griddepcontrol.wait): each group's end row (`submission.clamped_bounds`: whatever offs
+    holds, no group reaches past row T), its first scale row P_g (a scan of the groups' rows, each rounded up
+    to 128) and the tile count (ceil(m / tile_m) x `tiles_n` per group) into `tables`' shared memory."""
+    lane = cute.arch.lane_idx()
+    carried, carried_scale_rows, tiles = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+    for first in cutlass.range(0, num_groups, 32, unroll=1):
+        g = first + lane
+        begin, end = submission.clamped_bounds(offs, g, num_groups, tokens, carried)
+        m = end - begin
+        blocked = (m + 127) // 128 * 128
+        scale_rows = blocked
+        for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
+            earlier = cute.arch.shuffle_sync_up(scale_rows, offset=1 << step)
+            if lane >= (1 << step):
+                scale_rows = scale_rows + earlier
+        if g < num_groups:
+            tables.bounds[g + 1] = end
+            tables.scale_rows[g] = carried_scale_rows + scale_rows - blocked
+        tiles += (m + tile_m - 1) // tile_m * tiles_n
+        carried = cute.arch.shuffle_sync(end, 31)
+        carried_scale_rows += cute.arch.shuffle_sync(scale_rows, 31)
+    tiles = cute.arch.warp_reduction(tiles, lambda x, y: x + y)
+    if lane == 0:
+        tables.bounds[0] = 0
+        tables.bounds[num_groups + 1] = tiles
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamDescriptors:
+    """The MoE form's descriptors: kernel parameters (its host function makes them per call from the scratch
+    and B, stacked), so no table to fetch from (GroupTensormaps' interface, doing nothing)."""
+
+    def fetch_early(self, scheduler, plan_ready) -> None:
+        pass
+
+    def fetch_ahead(self, work, scheduler, plan_ready) -> None:
+        pass
+
+    def descriptor(self, group, i: int):
+        return None  # the copy atom's own
+
+
+# =============================================================================
 # The kernel
 # =============================================================================
 class TokenWork(NamedTuple):
     """What the token conversion reads: the plan's tables, its memory (the
     descriptor table, then the counters and the scratch), the group count, and
-    whether the tables were complete before the launch (`plan_ready`)."""
+    whether the tables were complete before the launch (`plan_ready`); the MoE
+    form: its `OffsetTables` (and their views as the tables)."""
     problem_sizes: cute.Tensor
     abc_ptrs: cute.Tensor
     sf_ptrs: cute.Tensor
     tensormaps: cute.Tensor
     num_groups: cutlass.Int32
     plan_ready: cutlass.Int32
+    offsets: Optional[OffsetTables] = None
 
 
 class Sm90SmemLayouts(NamedTuple):
@@ -658,7 +814,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
 
     def _setup_attributes(self):
         mbarriers = 2 * 8 * MAX_AB_STAGES  # full and empty, 8 bytes each, for as many stages as there can be
-        free = SMEM_CAPACITY - SMEM_RESERVED - mbarriers - cute.cosize(self.epilogue_layout()) * 2
+        free = (SMEM_CAPACITY - SMEM_RESERVED - mbarriers - cute.cosize(self.epilogue_layout()) * 2
+                - self.offset_table_bytes())
         self.num_ab_stages = min(MAX_AB_STAGES, free // self.stage_bytes())
         check_budget(self.config.name, "A/B stages (at least 2)", 2, self.num_ab_stages)
 
@@ -692,6 +849,34 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return cute.make_layout((EPILOGUE_TOKENS, 64, MMA_WARPGROUPS),
                                 stride=(EPILOGUE_ROW_HALVES, 1, EPILOGUE_TOKENS * EPILOGUE_ROW_HALVES))
 
+    def offset_table_bytes(self) -> int:
+        """Shared memory of the MoE form's `OffsetTables` (none in the leaderboard's forms)."""
+        return (2 * MOE_MAX_EXPERTS + 2) * 4 if self.config.device_offsets else 0
+
+    def shared_storage(self, layouts: Sm90SmemLayouts):
+        """The CTA's shared memory: the pipeline's barriers, the token, weight and SFB stages, the epilogue's
+        staging, and the MoE form's `OffsetTables`."""
+        moe = self.config.device_offsets
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
+            tokens: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.tokens)], 1024]
+            b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 1024]
+            sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
+            epilogue: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.epilogue_layout())],
+                                        16]
+            if moe:
+                bounds: cute.struct.MemRange[cutlass.Int32, MOE_MAX_EXPERTS + 2]
+                scale_rows: cute.struct.MemRange[cutlass.Int32, MOE_MAX_EXPERTS]
+
+        self.shared_storage_type = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
+        check_budget(self.config.name, "bytes of token staging in the token stages",
+                     self.roles.consumer_warps * self.token_staging_bytes(), cute.cosize(layouts.tokens) * 2)
+        return SharedStorage
+
     def token_staging_bytes(self) -> int:
         """Shared memory of one MMA warp's staged units (`convert_token_units`)."""
         return 32 * TOKEN_UNITS_PER_LANE * token_staging_stride(self.tile_k)
@@ -710,10 +895,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             cute.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
             cute.make_layout((rows, width), stride=(width, 1)))
 
-    def make_tma_atoms(self):
+    def make_tma_atoms(self, tokens=None, weights=None):
         """The TMA atoms of the tokens and the packed weights (descriptor slots
         0 and 1) with their placeholder tensors, the same in the GEMM and the
-        descriptor builder."""
+        descriptor builder; the MoE form's, of its stacked `tokens` and
+        `weights` themselves."""
         self._setup_attributes()
         layouts = self.make_layouts()
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -721,10 +907,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         tokens_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.pair else g2s
         one_stage = lambda layout: cute.slice_(layout, (None, None, 0))
         return layouts, (
-            cpasync.make_tiled_tma_atom(tokens_op, self._placeholder(cutlass.Float16), one_stage(layouts.tokens),
-                                        (self.tile_m, self.tile_k), num_multicast=self.config.cta_group),
-            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8), one_stage(layouts.b_packed),
-                                        (WEIGHT_ROWS, self.packed_k_bytes)))
+            cpasync.make_tiled_tma_atom(tokens_op, self._placeholder(cutlass.Float16) if tokens is None else tokens,
+                                        one_stage(layouts.tokens), (self.tile_m, self.tile_k),
+                                        num_multicast=self.config.cta_group),
+            cpasync.make_tiled_tma_atom(g2s, self._placeholder(cutlass.Uint8) if weights is None else weights,
+                                        one_stage(layouts.b_packed), (WEIGHT_ROWS, self.packed_k_bytes)))
 
     # ---- The descriptor builder's part (submission.DescriptorBuilder): two descriptors per group ----------------
     def descriptor_atoms(self):
@@ -733,10 +920,9 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return atom_a, atom_b
 
     @cute.jit
-    def group_descriptor_tensors(self, tables, group, start=None):
-        """`start`, the group's first row in A (the MoE builder's): where its converted tokens begin."""
+    def group_descriptor_tensors(self, tables, group):
         problem_sizes, abc_ptrs, _, tensormaps, num_groups = tables
-        return (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups), start),
+        return (self.group_tokens(problem_sizes, group, scratch_address(tensormaps, num_groups)),
                 self.group_weights(problem_sizes, group, abc_ptrs))
 
     @cute.jit
@@ -763,22 +949,10 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         plan_ready: cutlass.Int32,  # the tables and descriptors complete before this launch (LaunchPlan.launch)
         stream,
     ):
+        if cutlass.const_expr(self.config.device_offsets):
+            raise ValueError(f"{self.config.name}: the MoE form's host function is `moe_call`")
         layouts, ((tma_atom_a, tma_a), (tma_atom_b, tma_b)) = self.make_tma_atoms()
-
-        @cute.struct
-        class SharedStorage:
-            ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
-            tokens: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(layouts.tokens)], 1024]
-            b_packed: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.b_packed)], 1024]
-            sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(layouts.sf)], 128]
-            epilogue: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.epilogue_layout())],
-                                        16]
-
-        self.shared_storage = SharedStorage
-        self.smem_bytes = SharedStorage.size_in_bytes()
-        check_budget(self.config.name, "bytes of shared memory", self.smem_bytes, SMEM_CAPACITY)
-        check_budget(self.config.name, "bytes of token staging in the token stages",
-                     self.roles.consumer_warps * self.token_staging_bytes(), cute.cosize(layouts.tokens) * 2)
+        self.shared_storage(layouts)
 
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = submission.host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
@@ -786,6 +960,53 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         cluster = {"cluster": self.launch_cluster} if cutlass.const_expr(self.pair) else {}
         self.kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, problem_sizes, abc_ptrs, sf_ptrs,
                     tensormaps, num_groups, total_tiles, plan_ready).launch(
+            grid=(self.config.cta_group, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes,
+            stream=stream, use_pdl=self.config.pdl, **cluster)
+
+    one_kernel_offsets = True  # the MoE form computes its groups itself: no builder (`moe_call`)
+
+    def host_entry(self):
+        """The host function a plan launches and its arguments: the leaderboard's, or the MoE form's."""
+        if self.config.device_offsets:
+            return self.moe_call, MOE_GEMM_ARGUMENTS
+        return self, submission.GEMM_ARGUMENTS
+
+    @cute.jit
+    def moe_call(
+        self,
+        ptr_offs: cute.Pointer,  # (E,) Int32: each group's end row in A
+        ptr_memory: cute.Pointer,  # the plan's memory (SM90_PLAN_LAYOUT: the token counters, the scratch)
+        ptr_scratch: cute.Pointer,  # the converted tokens, (T, K) fp16 in the plan's memory
+        ptr_b: cute.Pointer,  # B (E, N, K/2), the experts back to back
+        num_groups: cutlass.Int32,
+        tokens: cutlass.Int32,  # T, this call's rows of A and C
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+        a_address: cutlass.Int64,  # A (T, K/2)
+        c_address: cutlass.Int64,  # C (T, N)
+        sfa_address: cutlass.Int64,  # blocked, group g's block from row P_g
+        sfb_address: cutlass.Int64,  # E blocked blocks
+        a_global_address: cutlass.Int64,  # fp32 decode scales (0: none), one or one per group
+        b_global_address: cutlass.Int64,
+        a_global_per_group: cutlass.Int32,
+        b_global_per_group: cutlass.Int32,
+        num_ctas: cutlass.Int32,  # the persistent grid's CTAs, or pairs (cta_group 2)
+        stream,
+    ):
+        """The MoE form's host function (`MOE_GEMM_ARGUMENTS`): its two descriptors, of the stacked tokens and
+        the stacked weights (E x N rows), made from these addresses on every call, then the kernel
+        (`moe_kernel`), which computes every group from offs on the device."""
+        mA = cute.make_tensor(ptr_scratch, cute.make_layout((tokens, k), stride=(k, 1)))
+        mB = cute.make_tensor(ptr_b, cute.make_layout((num_groups * n, k // 2), stride=(k // 2, 1)))
+        layouts, ((tma_atom_a, tma_a), (tma_atom_b, tma_b)) = self.make_tma_atoms(mA, mB)
+        self.shared_storage(layouts)
+        offs = cute.make_tensor(ptr_offs, cute.make_layout(num_groups))
+        memory = submission.plan_memory(ptr_memory, num_groups)
+        self.launch_cluster = (self.config.cta_group, 1, 1)
+        cluster = {"cluster": self.launch_cluster} if cutlass.const_expr(self.pair) else {}
+        self.moe_kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, offs, memory, num_groups,
+                        tokens, n, k, a_address, c_address, sfa_address, sfb_address, a_global_address,
+                        b_global_address, a_global_per_group, b_global_per_group).launch(
             grid=(self.config.cta_group, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes,
             stream=stream, use_pdl=self.config.pdl, **cluster)
 
@@ -800,21 +1021,53 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
-        storage = submission.SmemAllocator().allocate(self.shared_storage)
+        storage = submission.SmemAllocator().allocate(self.shared_storage_type)
         ab_pipeline = self.make_ab_pipeline(storage.ab_mbar.data_ptr())
-        producer_maps = GroupTensormaps(tensormaps, 0, SM90_TENSORMAPS)
         cute.arch.sync_threads()  # barriers initialized
+        self.run_roles(warp_idx, tidx, storage, ab_pipeline, tiled_mma, (tma_atom_a, tma_atom_b), mA, mB,
+                       TokenWork(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready),
+                       GroupTensormaps(tensormaps, 0, SM90_TENSORMAPS), total_tiles)
 
+    @cute.kernel
+    def moe_kernel(self, tiled_mma: cute.TiledMma, tma_atom_a: cute.CopyAtom, mA: cute.Tensor,
+                   tma_atom_b: cute.CopyAtom, mB: cute.Tensor, offs: cute.Tensor, memory: cute.Tensor,
+                   num_groups: cutlass.Int32, tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
+                   a_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
+                   sfb_address: cutlass.Int64, a_global_address: cutlass.Int64, b_global_address: cutlass.Int64,
+                   a_global_per_group: cutlass.Int32, b_global_per_group: cutlass.Int32):
+        """The MoE form: after griddepcontrol.wait (offs may be the router's output; the scratch, counters and
+        output the previous kernel's) warp 0 computes the groups from offs into shared memory
+        (`fill_offset_tables`), then the roles run as the leaderboard's do, on those tables."""
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+
+        storage = submission.SmemAllocator().allocate(self.shared_storage_type)
+        ab_pipeline = self.make_ab_pipeline(storage.ab_mbar.data_ptr())
+        tables = OffsetTables(storage.bounds.get_tensor(cute.make_layout(MOE_MAX_EXPERTS + 2)),
+                              storage.scale_rows.get_tensor(cute.make_layout(MOE_MAX_EXPERTS)), n, k, a_address,
+                              c_address, sfa_address, sfb_address,
+                              ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)))
+        cute.arch.griddepcontrol_wait()
+        if warp_idx == 0:
+            fill_offset_tables(offs, tables, num_groups, tokens, self.tile_m, ceil_div(n, self.tile_n))
+        cute.arch.sync_threads()  # barriers initialized, the tables complete
+        self.run_roles(warp_idx, tidx, storage, ab_pipeline, tiled_mma, (tma_atom_a, tma_atom_b), mA, mB,
+                       TokenWork(tables.sizes, tables.abc, tables.sf, memory, num_groups, cutlass.Int32(0), tables),
+                       ParamDescriptors(), tables.tile_count(num_groups))
+
+    @cute.jit
+    def run_roles(self, warp_idx, tidx, storage, ab_pipeline, tiled_mma, atoms, mA, mB, tokens: TokenWork,
+                  producer_maps, total_tiles):
+        """Each warp's role (WarpRoles), over the tiles and tables in `tokens`."""
+        problem_sizes = tokens.problem_sizes
         layouts = self.make_layouts()
         # every role walks the same tiles, each with its own copy of this state
-        total_tiles = submission.tiles_to_walk(problem_sizes, total_tiles, self.config.device_offsets)
         if cutlass.const_expr(self.config.narrow_tokens):
-            scheduler = NarrowLastScheduler.create(problem_sizes, num_groups, total_tiles, self.tile_mnk,
+            scheduler = NarrowLastScheduler.create(problem_sizes, tokens.num_groups, total_tiles, self.tile_mnk,
                                                    self.config.schedule.contiguous, self.config.narrow_tokens)
         else:
             scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                              self.config.schedule.contiguous)
-        tokens = TokenWork(problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, plan_ready)
         # an MMA warp's staged token units: its rows in the token stages, which no token load fills before
         # every unit is converted (`wait_for_tokens`)
         token_staging = storage.tokens.data_ptr().toint() + warp_idx * self.token_staging_bytes()
@@ -825,8 +1078,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         if warp_idx >= self.roles.producer_warp:
             cute.arch.setmaxregister_decrease(self.roles.producer_registers)
             if warp_idx == self.roles.producer_warp:
-                self.producer(layouts, storage, ab_pipeline, problem_sizes, sf_ptrs, scheduler, producer_maps,
-                              tokens, (tma_atom_a, tma_atom_b), mA, mB, rank)
+                self.producer(layouts, storage, ab_pipeline, problem_sizes, tokens.sf_ptrs, scheduler, producer_maps,
+                              tokens, atoms, mA, mB, rank)
         if warp_idx < self.roles.producer_warp:
             cute.arch.setmaxregister_increase(self.roles.consumer_registers)
             # A may be the previous kernel's output, C and the scratch its input
@@ -836,8 +1089,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                 # this warp claims no more units: the producer may count the CTA as past the conversion
                 cute.arch.barrier_arrive(barrier_id=self.roles.tokens_ready_barrier,
                                          number_of_threads=self.roles.tokens_ready_threads)
-            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx,
-                                  rank)
+            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, tokens, scheduler, tidx, rank)
         if cutlass.const_expr(self.pair):
             # neither CTA of a pair leaves while the other may still arrive at its barriers
             cute.arch.cluster_arrive()
@@ -849,16 +1101,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return work.n_tile * self.config.cta_group + rank if cutlass.const_expr(self.pair) else work.n_tile
 
     @cute.jit
-    def group_tokens(self, problem_sizes: cute.Tensor, group, scratch, start=None):
-        """The converted fp16 A (M, K) of `group`: groups back to back in `scratch` (the MoE form: one K, so
-        the group's first row `start` places it, without reading the other groups' rows, which other CTAs of
-        its builder write)."""
+    def group_tokens(self, problem_sizes: cute.Tensor, group, scratch):
+        """The converted fp16 A (M, K) of `group`: groups back to back in `scratch`."""
         offset = cutlass.Int64(0)
-        if cutlass.const_expr(start is not None):
-            offset = cutlass.Int64(start) * cutlass.Int64(problem_sizes[group, 2]) * 2
-        else:
-            for g in cutlass.range(0, group, 1, unroll=1):
-                offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
+        for g in cutlass.range(0, group, 1, unroll=1):
+            offset = offset + cutlass.Int64(problem_sizes[g, 0]) * cutlass.Int64(problem_sizes[g, 2]) * 2
         k = problem_sizes[group, 2]
         return cute.make_tensor(
             cute.make_ptr(cutlass.Float16, scratch + offset, cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES),
@@ -889,9 +1136,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         sSFB = storage.sfb.get_tensor(layouts.sf)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES); a pair's CTA: its half of each
         cluster_vmnk = cute.make_layout(self.cluster_shape())
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, rank, cute.make_layout(self.config.cta_group), cute.group_modes(sA, 0, 2),
-            cute.group_modes(cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None)), 0, 2))
+        tAsA, tAgA = self.token_partition(tma_atom_a, sA, mA, rank)
         token_mask = None  # alone: no multicast
         if cutlass.const_expr(self.pair):
             token_mask = cpasync.create_tma_multicast_mask(cluster_vmnk, cluster_vmnk.get_flat_coord(rank),
@@ -901,8 +1146,12 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             cute.group_modes(cute.local_tile(mB, (WEIGHT_ROWS, self.packed_k_bytes), (None, None)), 0, 2))
         bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), cutlass.Uint8, num_bits_per_copy=self.sf_stage_bytes * 8)
 
-        # ((ATOM_V, REST_V), STAGE) destinations and their sources, for `load_stage`
-        copies = (tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB)
+        # ((ATOM_V, REST_V), STAGE) destinations and their sources, for `load_stage`; the MoE form's tokens
+        # start at a group's first row (its sources are made per tile from mA and sA)
+        copies = (tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB, (mA, sA, tokens.offsets))
+        if cutlass.const_expr(self.config.device_offsets):  # the descriptors are parameters: fetch them now
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
 
         # Only the plan's own tables and descriptors are read before griddepcontrol.wait, and only once they
         # are complete (`plan_ready`): the inputs may be the previous kernel's output.
@@ -950,6 +1199,13 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             self.pass_token_counters(tokens)
         ab_pipeline.producer_tail(state)
 
+    def token_partition(self, tma_atom_a, sA, mA, rank):
+        """((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), ROW_TILES, K_TILES): this CTA's TMA of the token stages
+        (a pair's CTA: its half of each) and the tiles of `mA` it loads them from."""
+        return cpasync.tma_partition(
+            tma_atom_a, rank, cute.make_layout(self.config.cta_group), cute.group_modes(sA, 0, 2),
+            cute.group_modes(cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None)), 0, 2))
+
     @cute.jit
     def sfb_tile_address(self, work, problem_sizes, sf_ptrs, rank):
         """Where this CTA's SFB of `work` starts: its 128-row block (`weight_tile`) of the group's blocked
@@ -969,14 +1225,20 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         """Stage `stage` of `work`'s K tile `k_tile`: its "tokens" (TMA, from the plan's scratch; a pair's
         CTA its half, into both CTAs) or this CTA's "weights" (packed B by TMA, zeros past the group's N;
         SFB by a bulk copy from `sfb_tile`, `sfb_tile_address`), arriving on `barrier`."""
-        tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB = copies
+        tma_atom_a, tAgA, tAsA, token_mask, tma_atom_b, tBgB, tBsB, bulk, sSFB, (mA, sA, offsets) = copies
         if cutlass.const_expr(what == "tokens"):
             if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_TOKENS):
+                if cutlass.const_expr(offsets is not None):  # the stacked tokens, from the group's first row
+                    _, tAgA = self.token_partition(tma_atom_a, sA, cute.domain_offset(
+                        (offsets.first_row(work.group), 0), mA), rank)
                 multicast = {} if cutlass.const_expr(token_mask is None) else {"mcast_mask": token_mask}
                 cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
                           tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast)
         else:
-            cute.copy(tma_atom_b, tBgB[(None, self.weight_tile(work, rank), k_tile)], tBsB[(None, stage)],
+            weight_tile = self.weight_tile(work, rank)
+            if cutlass.const_expr(offsets is not None):  # the stacked weights: the expert's blocks first
+                weight_tile += work.group * (offsets.n // WEIGHT_ROWS)
+            cute.copy(tma_atom_b, tBgB[(None, weight_tile, k_tile)], tBsB[(None, stage)],
                       tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
             # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
             if cute.arch.lane_idx() == 0:
@@ -1017,8 +1279,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                         frag32[fragment_word(dr, 4 * w + jj)] = pairs[jj]
 
     @cute.jit
-    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, problem_sizes, abc_ptrs, scheduler, tidx,
-                         rank):
+    def weights_consumer(self, layouts, storage, ab_pipeline, tiled_mma, tokens: TokenWork, scheduler, tidx, rank):
         """Warpgroup w dequantizes rows 64w .. 64w + 63 of each TMA stage's B
         (packed weights and SFB) into wgmma A fragments and multiplies them by
         the stage's fp16 tokens: the C^T tile. Two register buffers: a stage is
@@ -1061,7 +1322,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             work = scheduler.current()
             # the epilogue's table entries, read now: their DRAM round trip (the tables leave the L2 between
             # calls) overlaps the mainloop instead of following it
-            output = self.output_of(problem_sizes, abc_ptrs, work)
+            output = self.output_of(tokens, work)
             acc.fill(0.0)
             if cutlass.const_expr(self.config.narrow_tokens):
                 m, _, _, _ = output
@@ -1108,13 +1369,14 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return state, release_state
 
     @cute.jit
-    def output_of(self, problem_sizes, abc_ptrs, work):
+    def output_of(self, tables: TokenWork, work):
         """(M, N, C's address, the accumulators' factor) of `work`'s group: 2^14 (`ACC_SCALE`), times the
-        group's alpha in the MoE form (`submission.group_alpha`, its global scales' product)."""
+        group's alpha in the MoE form (`OffsetTables.alpha`, its global scales' product)."""
         scale = ACC_SCALE
         if cutlass.const_expr(self.config.device_offsets):
-            scale = submission.group_alpha(problem_sizes, work.group)[0] * ACC_SCALE
-        return problem_sizes[work.group, 0], problem_sizes[work.group, 1], abc_ptrs[work.group, 2], scale
+            scale = tables.offsets.alpha(work.group) * ACC_SCALE
+        problem_sizes = tables.problem_sizes
+        return problem_sizes[work.group, 0], problem_sizes[work.group, 1], tables.abc_ptrs[work.group, 2], scale
 
     @cute.jit
     def epilogue(self, acc, tCcC, output, weight_tile, m_tile, staging, wg, wg_tidx):
@@ -1163,23 +1425,31 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
     # -------------------------------------------------------------------------
     @cute.jit
     def token_units(self, tokens: TokenWork):
-        """Units of the token conversion, every group's: one per row and stage (tile_k K) of A."""
+        """Units of the token conversion, every group's: one per row and stage (tile_k K) of A (the MoE form:
+        the rows up to the last group's end)."""
         units = cutlass.Int32(0)
-        for g in cutlass.range(0, tokens.num_groups, 1, unroll=1):
-            units += tokens.problem_sizes[g, 0] * (tokens.problem_sizes[g, 2] // self.tile_k)
+        if cutlass.const_expr(tokens.offsets is not None):
+            units = tokens.offsets.first_row(tokens.num_groups) * (tokens.offsets.k // self.tile_k)
+        else:
+            for g in cutlass.range(0, tokens.num_groups, 1, unroll=1):
+                units += tokens.problem_sizes[g, 0] * (tokens.problem_sizes[g, 2] // self.tile_k)
         return units
 
     @cute.jit
     def wait_counting_units(self, tokens: TokenWork):
         """griddepcontrol.wait; the token units (`token_units`), counted before
         it where the tables were complete before this launch (`plan_ready`:
-        their DRAM round trip overlaps the previous kernel), else after it."""
+        their DRAM round trip overlaps the previous kernel), else after it.
+        The MoE form waited before it made its tables: the units alone."""
         units = cutlass.Int32(0)
-        if tokens.plan_ready != 0:
+        if cutlass.const_expr(tokens.offsets is not None):
             units = self.token_units(tokens)
-        cute.arch.griddepcontrol_wait()
-        if tokens.plan_ready == 0:
-            units = self.token_units(tokens)
+        else:
+            if tokens.plan_ready != 0:
+                units = self.token_units(tokens)
+            cute.arch.griddepcontrol_wait()
+            if tokens.plan_ready == 0:
+                units = self.token_units(tokens)
         return units
 
     @cute.jit
@@ -1236,7 +1506,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             unit = first + lane + 32 * i
             if unit >= units:  # past the last unit: convert the last one again, store nothing
                 unit = units - 1
-            packed, sfa = self.locate_token_unit(tokens, unit)
+            packed, sfa = self.locate_unit(tokens, unit)
             quarters = [cute.make_rmem_tensor((words,), cutlass.Uint32) for _ in range(4)]
             for q in cutlass.range_constexpr(4):
                 cute.autovec_copy(cute.make_tensor(
@@ -1274,6 +1544,15 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                                                    cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4)))
 
     @cute.jit
+    def locate_unit(self, tokens: TokenWork, unit):
+        """`locate_token_unit`, or the MoE form's `locate_stacked_token_unit`."""
+        if cutlass.const_expr(tokens.offsets is not None):
+            packed, sfa = self.locate_stacked_token_unit(tokens.offsets, tokens.num_groups, unit)
+        else:
+            packed, sfa = self.locate_token_unit(tokens, unit)
+        return packed, sfa
+
+    @cute.jit
     def locate_token_unit(self, tokens: TokenWork, unit):
         """Unit `unit` (numbered group by group, row-major over (row, stage)):
         the addresses of its packed A and of its first 64 K's scale factors in
@@ -1293,6 +1572,19 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         stage_k = local % (k // self.tile_k) * self.tile_k
         packed = tokens.abc_ptrs[group, 0] + cutlass.Int64(row) * (k // 2) + stage_k // 2
         sfa = tokens.sf_ptrs[group, 0] + token_scale_offset(row, stage_k // 16, k)
+        return packed, sfa
+
+    @cute.jit
+    def locate_stacked_token_unit(self, offsets: OffsetTables, num_groups, unit):
+        """The MoE form's `locate_token_unit`: units in row order over the stacked A (row-major over (row,
+        stage)); the row's group (`OffsetTables.group_of_row`) places its scale factors' block."""
+        stages = offsets.k // self.tile_k
+        row = unit // stages
+        stage_k = unit % stages * self.tile_k
+        group = offsets.group_of_row(row, num_groups)
+        scale_row = offsets.scale_rows[group] + row - offsets.first_row(group)
+        packed = offsets.a + cutlass.Int64(row) * cutlass.Int64(offsets.k // 2) + stage_k // 2
+        sfa = offsets.sfa + token_scale_offset(cutlass.Int64(scale_row), stage_k // 16, offsets.k)
         return packed, sfa
 
     @cute.jit
@@ -1327,6 +1619,21 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
 # =============================================================================
 # Compile and launch
 # =============================================================================
+def moe_gemm_arguments(values):
+    """`Sm90GroupedGemmKernel.moe_call`'s arguments as DSL objects, from (offs, plan memory, scratch, B, E, T, N,
+    K, A, C, SFA, SFB, a_global, b_global addresses, a_global and b_global per group, CTAs)."""
+    offs, memory, scratch, b, *rest = values
+    gmem = functools.partial(submission.make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES)
+    return (gmem(cutlass.Int32, offs, assumed_align=4),
+            gmem(cutlass.Int64, memory, assumed_align=submission.BYTES_PER_TENSORMAP),
+            gmem(cutlass.Float16, scratch), gmem(cutlass.Uint8, b),
+            *(cutlass.Int32(v) for v in rest[:4]), *(cutlass.Int64(v) for v in rest[4:10]),
+            *(cutlass.Int32(v) for v in rest[10:]))
+
+
+MOE_GEMM_ARGUMENTS = submission.ArgumentSpec((8,) * 4 + (4,) * 4 + (8,) * 6 + (4,) * 3 + (8,), moe_gemm_arguments)
+
+
 PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (submission.code_path)
 CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); unset: `sm90_choice` per shape set
 
@@ -1430,6 +1737,18 @@ def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90T
     config = dataclasses.replace(SM90_CONFIGS[min(SM90_TILE_COST_NS, key=mean_cost)], device_offsets=True)
     contiguous = submission.most_tiles(tokens, experts, n, config) > num_sms // config.cta_group
     return config.with_schedule(submission.Schedule(contiguous=contiguous and not config.narrow_tokens))
+
+
+MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`moe_form`); unset: `moe_choice`
+
+
+def moe_form(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90TileConfig:
+    """The MoE op's form on sm_90: the one MOE_FORM_ENV names (to time each form on a workload), else
+    `moe_choice`'s."""
+    setting = os.environ.get(MOE_FORM_ENV)
+    if not setting:
+        return moe_choice(tokens, experts, n, k, num_sms)
+    return submission.parse_config(setting, SM90_MOE_CONFIGS, MOE_FORM_ENV)
 
 
 def config_from_setting(setting) -> Sm90TileConfig:

@@ -20,12 +20,13 @@ Every other error is a ValueError naming the argument, raised before anything ru
 Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
 with fake implementations, so torch.compile traces through it.
 
-Two computations. The kernels (`kernel_form`: sm_90 and sm_100, N a multiple of 128, K of 256): a builder
-kernel computes each group's rows, P_g, the tables, the tile count, alpha_g and the TMA descriptors from
-`offs` on the device (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM (`device_offsets`
-forms) walks those tiles and multiplies each group's fp32 sums by its alpha before the one rounding to the
-output's type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it under any
-routing. Everything else
+Two computations. The kernels (`kernel_form`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
+kernel per call computes each group's rows, P_g and the tile count from `offs` on the device (every CTA, into
+its shared memory: hopper.py's `OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder
+kernel computes them, the tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`),
+then the GEMM runs. Either walks those tiles and multiplies each group's fp32 sums by its alpha_g before the one
+rounding to the output's type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it
+under any routing. Everything else
 runs the portable computation (dequantize, then torch._grouped_mm on CUDA, which reads `offs` on the device;
 a loop over the groups on the CPU); it is exact up to fp32 summation order, except that on a GPU
 torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are applied (one more rounding
@@ -290,7 +291,9 @@ def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
         config = submission.MOE_CONFIG
     elif capability == (9, 0):
         from . import hopper
-        config = hopper.moe_choice(problem.tokens, problem.experts, problem.n, problem.k,
+        if problem.experts > hopper.MOE_MAX_EXPERTS:
+            return None  # more groups than its CTAs hold in shared memory
+        config = hopper.moe_form(problem.tokens, problem.experts, problem.n, problem.k,
                                    submission.sm_count(a.device.index if a.device.index is not None
                                                        else torch.cuda.current_device()))
     else:
@@ -306,37 +309,51 @@ def token_capacity(tokens: int) -> int:
 
 class KernelPlan:
     """What one (device, stream, configuration, E, N, K, `token_capacity`) keeps between calls, none of it read
-    from `offs` on the host: the tables the builder writes (`submission.table_offsets` order, then the tile
-    count after the sizes), the plan's memory (descriptors; hopper.py's token counters and converted tokens,
-    `tokens` x K x 2 bytes), the grid (for the most tiles any routing of `tokens` over E experts can make, so
-    of any fewer) and the GEMM's launch. Each call's builder waits for the kernel before it (the previous
-    call's GEMM), so calls in stream order share them, and another stream has its own; a CUDA graph keeps
-    using them, so a plan is never freed."""
+    from `offs` on the host: the plan's memory (hopper.py's token counters, zero between launches, and
+    converted tokens, `tokens` x K x 2 bytes; the B200 form's descriptors, and the tables its builder writes:
+    `submission.table_offsets` order, then the tile count after the sizes), the grid (for the most tiles any
+    routing of `tokens` over E experts can make, so of any fewer) and the launches. Each call waits for the
+    kernel before it (the previous call's), so calls in stream order share them, and another stream has its
+    own; a CUDA graph keeps using them, so a plan is never freed.
+
+    Two launch shapes: one kernel per call where the kernel class computes the groups from offs itself
+    (`one_kernel_offsets`: hopper.py's, which makes the descriptors of the stacked tokens and weights in its
+    host function), else the builder from offs, then the GEMM."""
 
     def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
                  device=None):
         from . import submission
         device = torch.device("cuda", device_index) if device is None else device  # a stand-in's test: "cpu"
         compiled = submission.compile_grouped_gemm(config)
-        self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
-                                               submission.OFFSETS_BUILDER_ARGUMENTS)
-        abc_at, sf_at, sizes_at = submission.table_offsets(experts)
-        self.tables = torch.empty(submission.moe_table_words(experts), dtype=torch.int64, device=device)
         scratch = config.scratch_bytes([(tokens, n, k, 1)])
-        self.memory = torch.empty(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
-        self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
+        self.memory = torch.zeros(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
         self.max_tiles = submission.most_tiles(tokens, experts, n, config)
         self.ctas = submission.persistent_ctas(self.max_tiles, submission.sm_count(device_index) // config.cta_group)
         self.experts, self.n, self.k = experts, n, k
         self.stream = stream
+        self.one_kernel = compiled.build_tensormaps is None
+        if self.one_kernel:
+            self.gemm = submission.HostFunction(compiled.gemm, device_index, compiled.kernel.host_entry()[1])
+            self.scratch = self.memory.data_ptr() + config.plan_layout.scratch_offset(experts)
+            return
+        self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
+                                               submission.OFFSETS_BUILDER_ARGUMENTS)
+        abc_at, sf_at, sizes_at = submission.table_offsets(experts)
+        self.tables = torch.empty(submission.moe_table_words(experts), dtype=torch.int64, device=device)
+        self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
         self.gemm = submission.HostFunction(compiled.gemm, device_index).bind(
             self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas, 0), stream)
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
-        """The builder (tables, alphas and descriptors from `offs` and the global scales), then the GEMM, on the
-        plan's stream."""
+        """On the plan's stream: the kernel, or the builder (tables, alphas and descriptors from `offs` and the
+        global scales), then the GEMM."""
         scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
         counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
+        if self.one_kernel:
+            self.gemm.bind((offs.data_ptr(), self.memory.data_ptr(), self.scratch, b.data_ptr(), *counts,
+                            a.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
+                            scales[1][0], scales[0][1], scales[1][1], self.ctas), self.stream)()
+            return
         self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *counts, a.data_ptr(),
                            b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
                            scales[1][0], scales[0][1], scales[1][1]), self.stream)()

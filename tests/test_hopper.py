@@ -422,3 +422,16 @@ def test_the_moe_forms_choice_needs_only_the_hosts_sizes():
     assert all(sum(r) == 16384 and len(r) == 64 for r in routings)
     variation = statistics.mean(statistics.pstdev(r) / statistics.mean(r) for r in routings)
     assert abs(variation - hopper.MOE_LOAD_VARIATION) < 0.15, variation
+
+
+def test_the_moe_form_setting_names_a_form_or_says_which_there_are(monkeypatch):
+    """MOE_FORM_ENV (to time each form on a workload): a form of SM90_MOE_CONFIGS with its schedule; a wrong
+    name is a ValueError naming the setting and the forms; unset, moe_choice's."""
+    monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs/contiguous")
+    form = hopper.moe_form(512, 2, 4096, 1536, 132)
+    assert form.tile_name == "sm90-128x128-k128-wr-offs" and form.schedule.contiguous
+    monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr")
+    with pytest.raises(ValueError, match=f"{hopper.MOE_FORM_ENV}.*sm90-128x128-k128-wr-offs"):
+        hopper.moe_form(512, 2, 4096, 1536, 132)
+    monkeypatch.delenv(hopper.MOE_FORM_ENV)
+    assert hopper.moe_form(512, 2, 4096, 1536, 132) == hopper.moe_choice(512, 2, 4096, 1536, 132)

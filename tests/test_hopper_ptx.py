@@ -43,15 +43,15 @@ def report(request, tmp_path_factory):
 
 def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
     # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either), then the MoE
-    # op's forms likewise (moe_choice), each with its builder from offs
+    # op's forms likewise (moe_choice): one kernel each, no builder
     assert [k["config"] for k in report["kernels"]] == [n for forms in (hopper.SM90_CONFIGS, hopper.SM90_MOE_CONFIGS)
                                                         for name in forms for n in (name, f"{name}/contiguous")] + [
         f"{name}-bf16" for name in hopper.SM90_MOE_CONFIGS]
     for kernel in report["kernels"]:
         config = SM90_FORMS[kernel["config"].split("/")[0]]
         assert kernel["ok"], kernel
-        assert kernel.get("offsets_builder_spill_bytes", 0) == 0
-        assert config.device_offsets == ("offsets_builder_registers" in kernel)
+        assert "offsets_builder_registers" not in kernel
+        assert config.device_offsets != ("builder_registers" in kernel)
         assert kernel["spill_store_bytes"] == 0 and kernel["spill_load_bytes"] == 0 and kernel["stack_bytes"] == 0
         assert kernel["wgmma_serialized"] is False  # ptxas overlaps the wgmma with what follows
         # one CTA fits an SM: registers and shared memory
@@ -219,23 +219,36 @@ def _kernel_ptx(configs, dump_dir) -> dict:
 
 
 @pytest.mark.slow
-def test_each_moe_form_is_its_leaderboard_form_plus_its_wait(report):
-    """Each MoE form (device_offsets, both schedules, and bf16 output) has its leaderboard form's instructions,
-    class by class (scripts/ptx_counts.py's) and wgmma form by form, plus one griddepcontrol.wait: the one before
-    it reads the tables its builder wrote."""
+def test_each_moe_form_is_its_leaderboard_form_reading_its_groups_from_offs(report):
+    """Each MoE form (device_offsets, both schedules, and bf16 output) is one kernel with its leaderboard form's
+    data movement and MMAs: TMA loads, bulk copies, mbarrier and named-barrier operations class by class
+    (scripts/ptx_counts.py's), wgmma form by form. What differs is where the groups and descriptors come
+    from: one griddepcontrol.wait, before which it reads no global memory (offs may be the previous kernel's
+    output), and its two descriptors are parameters (prefetched; none acquired from memory)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import ptx_counts
+    from test_compile import global_reads
     kernels = {k["config"]: k for k in report["kernels"]}
     wgmma = re.compile(r"wgmma\.mma_async\S*")
-    for name, kernel in kernels.items():
-        if "-offs" not in name:
-            continue
+    moe_forms = [name for name in kernels if "-offs" in name]
+    assert len(moe_forms) == 3 * 3  # three forms, two schedules, and bf16 output
+    for name in moe_forms:
         leaderboard = open(kernels[name.replace("-offs", "").replace("-bf16", "")]["ptx_file"]).read()
-        moe = open(kernel["ptx_file"]).read()
+        moe = open(kernels[name]["ptx_file"]).read()
         before, after = ptx_counts.counts(leaderboard), ptx_counts.counts(moe)
-        assert after.pop("griddepcontrol") == before.pop("griddepcontrol") + 1, name
+        for where in ("griddepcontrol", "prefetch.tensormap", "fence"):  # below
+            before.pop(where), after.pop(where)
         assert after == before, name
         assert sorted(wgmma.findall(moe)) == sorted(wgmma.findall(leaderboard)), name
+        assert len(re.findall(r"griddepcontrol\.wait", moe)) == 1, name
+        assert len(re.findall(r"prefetch\.tensormap", moe)) == 2, name
+        assert "fence.proxy.tensormap" not in moe and "fence.proxy.tensormap" in leaderboard, name
+        (entry,) = re.split(r"\.entry\s", moe)[1:]
+        reads = global_reads(entry)
+        assert reads, (name, "no global read at all: the premise changed")
+        early = [(instruction, sorted(map(str, params))) for instruction, before_wait, params in reads
+                 if before_wait]
+        assert not early, f"{name}: read before griddepcontrol.wait: {early}"
 
 
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):

@@ -470,7 +470,7 @@ def test_a_compile_freezes_the_objects_alive_then_and_only_the_first_time(monkey
     (a collection inside a timed loop stalled samples by 65-130 ms on the H200); a memoized one does not."""
     frozen = []
     monkeypatch.setattr(submission, "_compiled", {})
-    monkeypatch.setattr(submission, "compile_with_placeholders", lambda fn: ("compiled", fn))
+    monkeypatch.setattr(submission, "compile_with_placeholders", lambda fn, spec=None: ("compiled", fn))
     monkeypatch.setattr(submission, "freeze_long_lived_objects", lambda: frozen.append(True))
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_100a")  # no GPU to ask
     config = submission.TILE_CONFIGS["128x128"]

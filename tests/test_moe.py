@@ -320,6 +320,48 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
     assert all(s == 7 for _, _, s in bound)
 
 
+def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch):
+    """hopper.py's MoE form computes the groups from offs itself: one launch per call, whose arguments follow
+    from T, E, N, K, the SM count and base addresses alone (two routings bind the same values), the plan's
+    token counters zero from the start (each launch leaves them so)."""
+    from nvfp4_group_gemm import hopper, submission
+    bound = []
+
+    class Recorder:  # stands in for submission.HostFunction: records what each launch would pass
+        def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
+            self.spec = spec
+
+        def bind(self, values, stream):
+            bound.append((self.spec, tuple(values), stream))
+            return lambda: None
+    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
+    monkeypatch.setattr(submission, "HostFunction", Recorder)
+    monkeypatch.setattr(submission, "compile_grouped_gemm",
+                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
+    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    first, _ = routed((72, 0, 129, 1))
+    second, _ = routed((1, 1, 1, 199), seed=1)
+    plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202), device="cpu")
+    assert plan.one_kernel and not plan.memory.any()
+    out = torch.empty(202, 256, dtype=torch.float16)
+    a, offs, a_scale = first["a"], first["offs"], first["a_scale"]
+    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
+    for name, tensor in (("a", a), ("offs", offs), ("a_scale", a_scale)):
+        tensor.copy_(second[name])  # a new routing in the same buffers, as a CUDA graph's replay has it
+    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
+    first_call, second_call = bound
+    assert first_call == second_call and first_call[0] is hopper.MOE_GEMM_ARGUMENTS
+    values = first_call[1]
+    assert len(values) == len(hopper.MOE_GEMM_ARGUMENTS.widths) - 1  # all but the stream
+    scratch = plan.memory.data_ptr() + hopper.SM90_PLAN_LAYOUT.scratch_offset(4)
+    assert values[:4] == (offs.data_ptr(), plan.memory.data_ptr(), scratch, first["b"].data_ptr())
+    assert values[4:8] == (4, 202, 256, 512)  # E, T, N, K: no group's size
+    assert values[8:12] == tuple(t.data_ptr() for t in (a, out, a_scale, first["b_scale"]))
+    assert values[12:16] == (0, 0, 0, 0)  # no global scales
+    most = (moe.token_capacity(202) + 127 * 4) // 128 * 2
+    assert values[16] == min(most, 132) and first_call[2] == 7
+
+
 def test_calls_whose_token_count_varies_share_a_few_plans():
     assert [moe.token_capacity(t) for t in (1, 64, 65, 202, 256, 257, 16384)] == [64, 64, 128, 256, 256, 512,
                                                                                   16384]

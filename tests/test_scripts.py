@@ -70,6 +70,22 @@ def test_ptx_counts_finds_equal_and_differing_instruction_counts(tmp_path):
     assert changed.returncode == 1 and re.search(r"griddepcontrol\s+1\s+2\s+<- differs", changed.stdout)
 
 
+def test_moe_forms_models_each_form_and_names_moe_choices_pick_without_a_gpu():
+    """Without an sm_90 GPU: each form's modeled figure per routing, their means and moe_choice's pick; sizes
+    that are not E experts of T rows are refused."""
+    from nvfp4_group_gemm import hopper
+    run = lambda *extra: subprocess.run([sys.executable, "scripts/moe_forms.py", "512", "2", "4096", "1536", *extra],
+                                        cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    done = run("--routings", "2", "--sizes", "128,384")
+    assert done.returncode == 0, done.stderr
+    assert "model only" in done.stdout and "named: rows 128..384" in done.stdout
+    assert len(re.findall(r"model +[0-9.]+ us", done.stdout)) == 3 * (2 + 1 + 1)  # two samples, the named, means
+    assert f"moe_choice: {hopper.moe_choice(512, 2, 4096, 1536, 132).name}" in done.stdout
+    refused = run("--sizes", "128,383")
+    assert refused.returncode == 2 and "--sizes: 2 experts of 511 rows, expected 2 of 512" in refused.stderr
+
+
 def test_ab_table_prints_the_rounds_and_the_ratio(tmp_path):
     for side, means in (("old", (20000.0, 10000.0)), ("new", (19000.0, 10500.0))):
         for round_ in (1, 2):
