@@ -52,7 +52,7 @@ for tool in memcheck racecheck synccheck; do
       step racecheck-pattern racecheck-pattern.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
         python3 -W ignore scripts/racecheck_pattern.py plain
       step racecheck racecheck.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
-        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3}
+        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe
       step racecheck-verdict racecheck-verdict.log python3 scripts/racecheck_verdict.py "$OUT/racecheck.log" ;;
   esac
 done

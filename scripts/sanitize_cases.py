@@ -2,8 +2,7 @@
 reference, and with --moe the MoE op on one routing with empty experts, checked
 against its CPU result: run under compute-sanitizer's tools by scripts/gpu-check.sh.
 Arguments: the test and benchmark indices (default 3 3; gpu-check.sh passes
-$SANITIZE_CASES), then --moe (memcheck and synccheck; racecheck's verdict knows
-only our kernels' pattern, not torch's)."""
+$SANITIZE_CASES), then --moe (every tool of gpu-check.sh passes it)."""
 import sys
 from pathlib import Path
 
