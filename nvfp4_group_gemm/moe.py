@@ -335,6 +335,12 @@ class KernelPlan:
         if self.one_kernel:
             self.gemm = submission.HostFunction(compiled.gemm, device_index, compiled.kernel.host_entry()[1])
             self.scratch = self.memory.data_ptr() + config.plan_layout.scratch_offset(experts)
+            # the kernel's own region (the token counters): a plan made during a capture is zeroed by the
+            # graph's replays alone, so its first launch outside one zeroes it first
+            self.counters = self.memory[config.plan_layout.fixed_offset(experts) // 8:
+                                        config.plan_layout.scratch_offset(experts) // 8]
+            self.zero_first = submission.stream_capturing()
+            self.stream_capturing = submission.stream_capturing
             return
         self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
                                                submission.OFFSETS_BUILDER_ARGUMENTS)
@@ -350,6 +356,9 @@ class KernelPlan:
         scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
         counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
         if self.one_kernel:
+            if self.zero_first and not self.stream_capturing():
+                self.counters.zero_()
+                self.zero_first = False
             self.gemm.bind((offs.data_ptr(), self.memory.data_ptr(), self.scratch, b.data_ptr(), *counts,
                             a.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
                             scales[1][0], scales[0][1], scales[1][1], self.ctas), self.stream)()

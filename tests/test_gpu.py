@@ -554,6 +554,29 @@ def test_moe_op_replays_in_a_cuda_graph_under_new_routings(out_dtype):
 
 
 @needs_hopper_or_b200
+def test_moe_kernel_first_called_inside_a_capture_then_outside_it_on_that_stream():
+    """The op's first call on a stream inside a capture (its plan made there), then a call outside the capture on
+    that stream before any replay, then the replay: each within one fp16 rounding of the CPU's result."""
+    from nvfp4_group_gemm import moe
+    args = moe_inputs((0, 130, 5, 60), n=384, k=256, seed=5)
+    args.update(a_global=None, b_global=None)
+    cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
+                               out_dtype=torch.float16)
+    stream = torch.cuda.Stream()
+    out = torch.full((195, 384), float("nan"), dtype=torch.float16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        moe.grouped_mm_nvfp4(**args, out=out)
+    with torch.cuda.stream(stream):
+        eager = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
+    torch.cuda.synchronize()
+    within_one_fp16_rounding(eager, cpu)
+    graph.replay()
+    torch.cuda.synchronize()
+    within_one_fp16_rounding(out, cpu)
+
+
+@needs_hopper_or_b200
 def test_moe_kernel_under_torch_compile_fullgraph():
     """A toy MoE block (route, sort, quantize outside; the op; un-sort) compiled whole-graph."""
     from nvfp4_group_gemm import moe

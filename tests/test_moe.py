@@ -362,6 +362,44 @@ def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch):
     assert values[16] == min(most, 132) and first_call[2] == 7
 
 
+def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_outside_one(monkeypatch):
+    """The token counters of a plan made during a CUDA graph capture are zeroed only when the graph replays
+    (its allocation's memset is captured): the plan's first launch outside a capture zeroes them first, once;
+    the descriptors' memory and the scratch are left alone."""
+    from nvfp4_group_gemm import hopper, submission
+    launches = []
+
+    class Recorder:  # stands in for submission.HostFunction
+        def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
+            pass
+
+        def bind(self, values, stream):
+            return lambda: launches.append(plan.memory.clone())
+    capturing = [True]
+    monkeypatch.setattr(submission, "HostFunction", Recorder)
+    monkeypatch.setattr(submission, "compile_grouped_gemm",
+                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
+    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
+    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
+    plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
+    args, _ = routed((72, 0, 129, 1))
+    out = torch.empty(202, 256, dtype=torch.float16)
+    call = lambda: plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
+    plan.memory.fill_(-1)  # what the captured memset leaves before any replay, as far as this plan knows
+    call()  # inside the capture: nothing zeroed eagerly
+    capturing[0] = False
+    call()
+    plan.memory[hopper.SM90_PLAN_LAYOUT.fixed_offset(4) // 8:].fill_(-1)  # the kernel's own, as if run
+    call()
+    counters = slice(hopper.SM90_PLAN_LAYOUT.fixed_offset(4) // 8, hopper.SM90_PLAN_LAYOUT.scratch_offset(4) // 8)
+    first, second, third = launches
+    assert (first == -1).all()
+    assert (second[counters] == 0).all() and (second[:counters.start] == -1).all()
+    assert (second[counters.stop:] == -1).all()
+    assert (third[counters] == -1).all()  # once only
+
+
 def test_calls_whose_token_count_varies_share_a_few_plans():
     assert [moe.token_capacity(t) for t in (1, 64, 65, 202, 256, 257, 16384)] == [64, 64, 128, 256, 256, 512,
                                                                                   16384]
