@@ -281,14 +281,14 @@ def test_strides_the_kernels_cannot_take_are_refused():
         moe.grouped_mm_nvfp4(**dict(args, a=wide[:, :256]))
 
 
-def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
-    """The kernels' host arguments follow from T, E, N, K and the SM count alone: two routings of the same
-    tokens bind the same values (the builder computes the sizes, P_g and the tile count from offs on the
-    device), and the grid is sized for the most tiles any routing can make."""
+@pytest.fixture
+def bound(monkeypatch):
+    """The launches a KernelPlan would make, recorded instead ((spec, values, stream) per bind: a stand-in for
+    submission.HostFunction), on a GPU of 132 SMs."""
     from nvfp4_group_gemm import submission
     bound = []
 
-    class Recorder:  # stands in for submission.HostFunction: records what each launch would pass
+    class Recorder:
         def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
             self.spec = spec
 
@@ -296,18 +296,32 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
             bound.append((self.spec, tuple(values), stream))
             return lambda: None
     monkeypatch.setattr(submission, "HostFunction", Recorder)
-    monkeypatch.setattr(submission, "compile_grouped_gemm", lambda config: submission.CompiledGemm(1, 2, None, 3))
     monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    return bound
+
+
+def launch_two_routings(config):
+    """A plan of 4 experts, N 256, K 512 for 202 tokens (T rounded up: 256) launched on two routings of them
+    in the same buffers, as a CUDA graph's replays have them: (the plan, the buffers, out)."""
     first, _ = routed((72, 0, 129, 1))
     second, _ = routed((1, 1, 1, 199), seed=1)
-    plan = moe.KernelPlan(submission.MOE_CONFIG, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202),
-                          device="cpu")
+    plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202), device="cpu")
     out = torch.empty(202, 256, dtype=torch.float16)
-    a, offs, a_scale = first["a"], first["offs"], first["a_scale"]
-    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
-    for name, tensor in (("a", a), ("offs", offs), ("a_scale", a_scale)):
-        tensor.copy_(second[name])  # a new routing in the same buffers, as a CUDA graph's replay has it
-    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
+    for routing in (first, second):
+        for name in ("a", "offs", "a_scale"):
+            first[name].copy_(routing[name])
+        plan.launch(first["a"], first["b"], first["a_scale"], first["b_scale"], first["offs"], out)
+    return plan, first, out
+
+
+def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch, bound):
+    """The kernels' host arguments follow from T, E, N, K and the SM count alone: two routings of the same
+    tokens bind the same values (the builder computes the sizes, P_g and the tile count from offs on the
+    device), and the grid is sized for the most tiles any routing can make."""
+    from nvfp4_group_gemm import submission
+    monkeypatch.setattr(submission, "compile_grouped_gemm", lambda config: submission.CompiledGemm(1, 2, None, 3))
+    plan, first, out = launch_two_routings(submission.MOE_CONFIG)
+    offs = first["offs"]
     gemm, builder_first, builder_second = bound
     assert gemm[0] is submission.GEMM_ARGUMENTS and builder_first[0] is submission.OFFSETS_BUILDER_ARGUMENTS
     assert builder_first == builder_second
@@ -320,35 +334,17 @@ def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch):
     assert all(s == 7 for _, _, s in bound)
 
 
-def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch):
+def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch, bound):
     """hopper.py's MoE form computes the groups from offs itself: one launch per call, whose arguments follow
     from T, E, N, K, the SM count and base addresses alone (two routings bind the same values), the plan's
     token counters zero from the start (each launch leaves them so)."""
     from nvfp4_group_gemm import hopper, submission
-    bound = []
-
-    class Recorder:  # stands in for submission.HostFunction: records what each launch would pass
-        def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
-            self.spec = spec
-
-        def bind(self, values, stream):
-            bound.append((self.spec, tuple(values), stream))
-            return lambda: None
     config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
-    monkeypatch.setattr(submission, "HostFunction", Recorder)
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
-    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
-    first, _ = routed((72, 0, 129, 1))
-    second, _ = routed((1, 1, 1, 199), seed=1)
-    plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202), device="cpu")
+    plan, first, out = launch_two_routings(config)
     assert plan.one_kernel and not plan.memory.any()
-    out = torch.empty(202, 256, dtype=torch.float16)
     a, offs, a_scale = first["a"], first["offs"], first["a_scale"]
-    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
-    for name, tensor in (("a", a), ("offs", offs), ("a_scale", a_scale)):
-        tensor.copy_(second[name])  # a new routing in the same buffers, as a CUDA graph's replay has it
-    plan.launch(a, first["b"], a_scale, first["b_scale"], offs, out)
     first_call, second_call = bound
     assert first_call == second_call and first_call[0] is hopper.MOE_GEMM_ARGUMENTS
     values = first_call[1]
@@ -362,30 +358,24 @@ def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch):
     assert values[16] == min(most, 132) and first_call[2] == 7
 
 
-def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_outside_one(monkeypatch):
+def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_outside_one(monkeypatch, bound):
     """The token counters of a plan made during a CUDA graph capture are zeroed only when the graph replays
     (its allocation's memset is captured): the plan's first launch outside a capture zeroes them first, once;
     the descriptors' memory and the scratch are left alone."""
     from nvfp4_group_gemm import hopper, submission
-    launches = []
-
-    class Recorder:  # stands in for submission.HostFunction
-        def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
-            pass
-
-        def bind(self, values, stream):
-            return lambda: launches.append(plan.memory.clone())
     capturing = [True]
-    monkeypatch.setattr(submission, "HostFunction", Recorder)
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
-    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
     monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
     config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
     plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
     args, _ = routed((72, 0, 129, 1))
     out = torch.empty(202, 256, dtype=torch.float16)
-    call = lambda: plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
+    launches = []
+
+    def call():  # the plan's memory as its launch finds it
+        plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
+        launches.append(plan.memory.clone())
     plan.memory.fill_(-1)  # what the captured memset leaves before any replay, as far as this plan knows
     call()  # inside the capture: nothing zeroed eagerly
     capturing[0] = False
