@@ -207,8 +207,9 @@ class TileConfig:
     cta_group: int = 1
     pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
     schedule: Schedule = Schedule()
-    # The MoE op's form: the builder computes the tables from the groups' end rows on the device
-    # (`build_from_offsets`), so the GEMM reads them, and the tile count, only after griddepcontrol.wait
+    # The MoE op's form: the group sizes follow from the groups' end rows (offs) on the device, so the GEMM
+    # reads them, and the tile count, only after griddepcontrol.wait: this kernel's from the tables its builder
+    # computes (`build_from_offsets`), hopper.py's from what each CTA computes itself (`one_kernel_offsets`)
     device_offsets: bool = False
     bf16_output: bool = False  # the MoE op's forms only (device_offsets): C in bf16 instead of fp16
 
