@@ -205,7 +205,8 @@ def run_on_one_and_two_units(data, config, monkeypatch):
 @pytest.mark.parametrize("config", list(CANDIDATES))
 def test_b200_one_or_two_ctas_over_many_small_groups(config, sms, monkeypatch):
     """Every tile a group change: each CTA fetches new descriptors for each of its tiles, all through its
-    pipelines without a pause (the race of cutlass issue 3165 would show here first). A 2-CTA configuration:
+    pipelines without a pause (a race between a descriptor's update and its use in a 2-CTA grouped GEMM, one
+    reported publicly in this kernel family (docs/contract.md), would show here first). A 2-CTA configuration:
     1 or 2 pairs."""
     monkeypatch.setattr(FewCtasLauncher, "SMS", sms * CANDIDATES[config].cta_group)
     run_config_and_check(many_small_groups(seed=sms), CANDIDATES[config], FewCtasLauncher())
