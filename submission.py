@@ -527,6 +527,19 @@ def group_alpha(problem_sizes: cute.Tensor, group):
                             cute.make_layout(1))
 
 
+@cute.jit
+def global_scales_product(global_scales, group):
+    """`group`'s alpha, the product of its fp32 global scales (1 without them): `global_scales` holds (address,
+    per group) of a_global and b_global, address 0 for none, per group 1 where a scale is one per group."""
+    alpha = cutlass.Float32(1.0)
+    for address, per_group in global_scales:  # unrolled while tracing
+        if address != 0:
+            alpha = alpha * cute.make_tensor(cute.make_ptr(
+                cutlass.Float32, address + cutlass.Int64(group * per_group) * 4, cute.AddressSpace.gmem,
+                assumed_align=4), cute.make_layout(1))[0]
+    return alpha
+
+
 def moe_table_words(num_groups: int) -> int:
     """Int64 words of the MoE form's tables: abc, sf and sizes (`table_offsets`), the tile count's row,
     each group's alpha."""
@@ -785,9 +798,9 @@ class DescriptorBuilder:
     """The descriptor builder both kernels share: a small kernel, one warp per group, that writes each group's
     TMA descriptors into the plan's table once per input (`write_group_tensormaps`), or, for the MoE op, every
     call with the tables themselves from offs (`build_from_offsets`). A kernel class supplies
-    `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group,
-    start)` (the group's tensors, one per atom; `start`, its first row in A, from the MoE builder), and may add
-    to `after_descriptors` (runs after the descriptors, once per group's warp)."""
+    `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group)` (the
+    group's tensors, one per atom), and may add to `after_descriptors` (runs after the descriptors, once per
+    group's warp)."""
     # A kernel class whose MoE form computes the groups from offs itself, one launch per call (hopper.py's):
     # no builder is compiled for it, and `host_entry` names its host function.
     one_kernel_offsets = False
@@ -888,16 +901,10 @@ class DescriptorBuilder:
                 sf_ptrs[group, i] = sf[0, i]
             if group == 0:
                 tile_count_cell(problem_sizes)[0] = tiles
-            alpha = cutlass.Float32(1.0)
-            for address, per_group in ((a_global_address, a_global_per_group),
-                                       (b_global_address, b_global_per_group)):  # unrolled while tracing
-                if address != 0:
-                    alpha = alpha * cute.make_tensor(cute.make_ptr(
-                        cutlass.Float32, address + cutlass.Int64(group * per_group) * 4, cute.AddressSpace.gmem,
-                        assumed_align=4), cute.make_layout(1))[0]
-            group_alpha(problem_sizes, group)[0] = alpha
+            group_alpha(problem_sizes, group)[0] = global_scales_product(
+                ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)), group)
         write_group_tensormaps(atoms, self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups),
-                                                                    cutlass.Int32(0), start),
+                                                                    cutlass.Int32(0)),
                                tensormaps, group, staging)
         tables = (problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups)
         self.after_descriptors(tables, group)
@@ -1073,8 +1080,8 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         return atom_a, atom_b, atom_sfa, atom_sfb, atom_c
 
     @cute.jit
-    def group_descriptor_tensors(self, tables, group, start=None):
-        """A', B', SFA', SFB', D' of `group` from its rows of the tables (`start`, its first row in A, unused)."""
+    def group_descriptor_tensors(self, tables, group):
+        """A', B', SFA', SFB', D' of `group` from its rows of the tables."""
         problem_sizes, abc_ptrs, sf_ptrs, _, _ = tables
         d = self.output_tensor(problem_sizes[group, 0], problem_sizes[group, 1], abc_ptrs[group, 2])
         return (*self.group_tensors(problem_sizes, group, abc_ptrs, sf_ptrs), d)
@@ -1518,9 +1525,9 @@ def freeze_long_lived_objects() -> None:
 
 
 def compile_with_placeholders(kernel, spec: "ArgumentSpec" = None):
-    """cute.compile of a host function (a kernel object's `__call__` or `build_tensormaps`, this module's or
-    hopper.py's, all of `GEMM_ARGUMENTS`; or `build_from_offsets`, of `OFFSETS_BUILDER_ARGUMENTS`) with
-    placeholder arguments: only their types matter."""
+    """cute.compile of a host function with placeholder values of `spec` (default `GEMM_ARGUMENTS`: a kernel
+    object's `__call__` or `build_tensormaps`; `OFFSETS_BUILDER_ARGUMENTS`: `build_from_offsets`; a kernel's
+    `host_entry` names its GEMM's): only their types matter."""
     spec = spec or GEMM_ARGUMENTS
     return cute.compile(kernel, *spec.convert(tuple(0 if w == 8 else 1 for w in spec.widths[:-1])),
                         make_fake_stream())
@@ -1784,11 +1791,15 @@ def stream_capturing() -> bool:
 HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 4, 8)
 
 
+# A host function's global-memory pointer argument (16-byte aligned unless `assumed_align` says otherwise)
+global_pointer = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES)
+
+
 def host_arguments(values):
     """The host function's arguments as DSL objects, from (sizes, abc, sf tables, plan memory, groups, tiles, CTAs,
     plan ready)."""
     sizes, abc, sf, memory, groups, tiles, ctas, ready = values
-    gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
+    gmem = global_pointer
     return (gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc), gmem(cutlass.Int64, sf),
             gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
             cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas), cutlass.Int32(ready))
@@ -1808,7 +1819,7 @@ def offsets_builder_arguments(values):
     """`DescriptorBuilder.build_from_offsets`'s arguments as DSL objects, from (offs, sizes, abc, sf tables, plan
     memory, G, T, N, K, A, B, D, SFA, SFB, a_global, b_global addresses, a_global and b_global per group)."""
     offs, sizes, abc, sf, memory, *rest = values
-    gmem = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=16)
+    gmem = global_pointer
     return (gmem(cutlass.Int32, offs, assumed_align=4), gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc),
             gmem(cutlass.Int64, sf), gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
             *(cutlass.Int32(v) for v in rest[:4]), *(cutlass.Int64(v) for v in rest[4:11]),

@@ -176,7 +176,7 @@ SM90_CONFIGS = {c.tile_name: c for c in (
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
-# The MoE op's forms (moe.py): these, their tables built from the groups' end rows on the device
+# The MoE op's forms (moe.py): these, each CTA computing the groups from their end rows on the device
 SM90_MOE_CONFIGS = {c.tile_name: c for c in (dataclasses.replace(f, device_offsets=True)
                                               for f in SM90_CONFIGS.values())}
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
@@ -665,16 +665,9 @@ class OffsetTables:
     def sf(self):
         return TableView(self._sf)
 
-    @cute.jit
     def alpha(self, group):
         """The group's global scales' product (1 without them)."""
-        alpha = cutlass.Float32(1.0)
-        for address, per_group in self.globals_:  # unrolled while tracing
-            if address != 0:
-                alpha = alpha * cute.make_tensor(cute.make_ptr(
-                    cutlass.Float32, address + cutlass.Int64(group * per_group) * 4, cute.AddressSpace.gmem,
-                    assumed_align=4), cute.make_layout(1))[0]
-        return alpha
+        return submission.global_scales_product(self.globals_, group)
 
     @cute.jit
     def group_of_row(self, row, num_groups):
@@ -1623,7 +1616,7 @@ def moe_gemm_arguments(values):
     """`Sm90GroupedGemmKernel.moe_call`'s arguments as DSL objects, from (offs, plan memory, scratch, B, E, T, N,
     K, A, C, SFA, SFB, a_global, b_global addresses, a_global and b_global per group, CTAs)."""
     offs, memory, scratch, b, *rest = values
-    gmem = functools.partial(submission.make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES)
+    gmem = submission.global_pointer
     return (gmem(cutlass.Int32, offs, assumed_align=4),
             gmem(cutlass.Int64, memory, assumed_align=submission.BYTES_PER_TENSORMAP),
             gmem(cutlass.Float16, scratch), gmem(cutlass.Uint8, b),
@@ -1726,15 +1719,20 @@ def moe_routings(tokens: int, experts: int, samples: int = MOE_ROUTING_SAMPLES) 
 @functools.lru_cache(maxsize=256)
 def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90TileConfig:
     """The MoE op's form for T tokens over E experts when only the host's sizes are known (`sm90_choice` needs
-    the group sizes): the form of SM90_MOE_CONFIGS whose busiest CTA costs least on average over `moe_routings`;
-    contiguous tile ranges where its most tiles exceed one wave, except a narrow form (`sm90_schedule`; no
-    balancing, no order by M: those need the sizes)."""
+    the group sizes): the form of SM90_MOE_CONFIGS whose busiest CTA costs least on average over `moe_routings`,
+    under `moe_scheduled`'s schedule."""
     routings = [[(m, n, k, 1) for m in counts if m] for counts in moe_routings(tokens, experts)]
     routings = [r for r in routings if r] or [[(1, n, k, 1)]]
 
     def mean_cost(name):
         return sum(busiest_cta_cost(r, num_sms, SM90_CONFIGS[name]) for r in routings) / len(routings)
-    config = dataclasses.replace(SM90_CONFIGS[min(SM90_TILE_COST_NS, key=mean_cost)], device_offsets=True)
+    return moe_scheduled(SM90_MOE_CONFIGS[min(SM90_TILE_COST_NS, key=mean_cost) + "-offs"], tokens, experts, n,
+                         num_sms)
+
+
+def moe_scheduled(config: Sm90TileConfig, tokens: int, experts: int, n: int, num_sms: int) -> Sm90TileConfig:
+    """A MoE form under the schedule the host's sizes allow: contiguous tile ranges where its most tiles exceed
+    one wave, except a narrow form (`sm90_schedule`; no balancing, no order by M: those need the sizes)."""
     contiguous = submission.most_tiles(tokens, experts, n, config) > num_sms // config.cta_group
     return config.with_schedule(submission.Schedule(contiguous=contiguous and not config.narrow_tokens))
 

@@ -270,10 +270,10 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
 def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
-    """The configuration of the kernel that runs this call (hopper.py's `moe_choice` on sm_90,
+    """The configuration of the kernel that runs this call (hopper.py's `moe_form` on sm_90,
     `submission.MOE_CONFIG` on sm_100; a -bf16 form for bf16 output), or None for the portable path: other
     devices, N or K the kernels do not take, B's experts not back to back, a base address not 16-byte
-    aligned."""
+    aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90."""
     from . import submission
     if not a.is_cuda or problem.tokens == 0:
         return None
@@ -283,7 +283,7 @@ def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
     if b.stride(0) != b.shape[1] * b.shape[2] or not out.is_contiguous():
         return None
     if any(g is not None and g.dim() == 1 and g.stride(0) != 1 for g in (a_global, b_global)):
-        return None  # the builder reads a per-expert scale as an array
+        return None  # the kernels read a per-expert scale as an array
     if any(t.data_ptr() % submission.PTR_ALIGN_BYTES for t in (a, b, a_scale, b_scale, out)):
         return None
     capability = torch.cuda.get_device_capability(a.device)

@@ -52,9 +52,7 @@ def main(argv=None) -> int:
     gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     sms = submission.sm_count(0) if gpu else 132
     # each form under the schedule moe_choice gives it
-    forms = {name: c.with_schedule(submission.Schedule(contiguous=submission.most_tiles(tokens, experts, n, c)
-                                                       > sms // c.cta_group and not c.narrow_tokens))
-             for name, c in hopper.SM90_MOE_CONFIGS.items()}
+    forms = {name: hopper.moe_scheduled(c, tokens, experts, n, sms) for name, c in hopper.SM90_MOE_CONFIGS.items()}
     print(f"T={tokens} E={experts} N={n} K={k} on {torch.cuda.get_device_name() if gpu else 'no sm_90 GPU: model only'}")
     totals = {name: [0.0, 0.0] for name in forms}
     for index, sizes in enumerate(routings):
