@@ -693,14 +693,24 @@ class TableView:
         return self.read(group, column)
 
 
+# Which calls a launch of a MoE form takes (`moe_kernel`'s `one_wave_rule`): where the host launches two forms
+# per call (`moe_forms`), the device chooses between them from the routing, and the other exits after its wait.
+MOE_EVERY_CALL = 0
+MOE_IN_ONE_WAVE = 1  # the calls whose default-form tiles fit the default form's grid in one wave
+MOE_PAST_ONE_WAVE = 2  # the others
+
+
 @cute.jit
 def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, tokens, tile_m: cutlass.Constexpr[int],
-                       tiles_n):
+                       tiles_n, one_wave_ctas, one_wave_rule):
     """One warp (after griddepcontrol.wait): each group's end row (`submission.clamped_bounds`: whatever offs
     holds, no group reaches past row T), its first scale row P_g (a scan of the groups' rows, each rounded up
-    to 128) and the tile count (ceil(m / tile_m) x `tiles_n` per group) into `tables`' shared memory."""
+    to 128) and the tile count (ceil(m / tile_m) x `tiles_n` per group) into `tables`' shared memory; the
+    tile count is 0 where `one_wave_rule` leaves the call to the other form (the default form's tiles, 128 x
+    WEIGHT_ROWS, against `one_wave_ctas`, its grid)."""
     lane = cute.arch.lane_idx()
     carried, carried_scale_rows, tiles = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+    wave_tiles = cutlass.Int32(0)  # the default form's
     for first in cutlass.range(0, num_groups, 32, unroll=1):
         g = first + lane
         begin, end = submission.clamped_bounds(offs, g, num_groups, tokens, carried)
@@ -715,9 +725,17 @@ def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, toke
             tables.bounds[g + 1] = end
             tables.scale_rows[g] = carried_scale_rows + scale_rows - blocked
         tiles += (m + tile_m - 1) // tile_m * tiles_n
+        wave_tiles += (m + SM90_CONFIG.tile_m - 1) // SM90_CONFIG.tile_m
         carried = cute.arch.shuffle_sync(end, 31)
         carried_scale_rows += cute.arch.shuffle_sync(scale_rows, 31)
     tiles = cute.arch.warp_reduction(tiles, lambda x, y: x + y)
+    wave_tiles = cute.arch.warp_reduction(wave_tiles, lambda x, y: x + y) * ceil_div(tables.n, SM90_CONFIG.tile_n)
+    if one_wave_rule == MOE_IN_ONE_WAVE:
+        if wave_tiles > one_wave_ctas:
+            tiles = cutlass.Int32(0)
+    if one_wave_rule == MOE_PAST_ONE_WAVE:
+        if wave_tiles <= one_wave_ctas:
+            tiles = cutlass.Int32(0)
     if lane == 0:
         tables.bounds[0] = 0
         tables.bounds[num_groups + 1] = tiles
@@ -983,12 +1001,15 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         b_global_address: cutlass.Int64,
         a_global_per_group: cutlass.Int32,
         b_global_per_group: cutlass.Int32,
+        one_wave_ctas: cutlass.Int32,  # the default form's grid (`one_wave_rule`)
+        one_wave_rule: cutlass.Int32,  # MOE_EVERY_CALL, or which calls this launch takes of two forms'
         num_ctas: cutlass.Int32,  # the persistent grid's CTAs, or pairs (cta_group 2)
         stream,
     ):
         """The MoE form's host function (`MOE_GEMM_ARGUMENTS`): its two descriptors, of the stacked tokens and
         the stacked weights (E x N rows), made from these addresses on every call, then the kernel
-        (`moe_kernel`), which computes every group from offs on the device."""
+        (`moe_kernel`), which computes every group from offs on the device and takes the call as
+        `one_wave_rule` says."""
         mA = cute.make_tensor(ptr_scratch, cute.make_layout((tokens, k), stride=(k, 1)))
         mB = cute.make_tensor(ptr_b, cute.make_layout((num_groups * n, k // 2), stride=(k // 2, 1)))
         layouts, ((tma_atom_a, tma_a), (tma_atom_b, tma_b)) = self.make_tma_atoms(mA, mB)
@@ -999,7 +1020,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         cluster = {"cluster": self.launch_cluster} if cutlass.const_expr(self.pair) else {}
         self.moe_kernel(self.make_tiled_mma(), tma_atom_a, tma_a, tma_atom_b, tma_b, offs, memory, num_groups,
                         tokens, n, k, a_address, c_address, sfa_address, sfb_address, a_global_address,
-                        b_global_address, a_global_per_group, b_global_per_group).launch(
+                        b_global_address, a_global_per_group, b_global_per_group, one_wave_ctas,
+                        one_wave_rule).launch(
             grid=(self.config.cta_group, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes,
             stream=stream, use_pdl=self.config.pdl, **cluster)
 
@@ -1027,10 +1049,13 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                    num_groups: cutlass.Int32, tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
                    a_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
                    sfb_address: cutlass.Int64, a_global_address: cutlass.Int64, b_global_address: cutlass.Int64,
-                   a_global_per_group: cutlass.Int32, b_global_per_group: cutlass.Int32):
+                   a_global_per_group: cutlass.Int32, b_global_per_group: cutlass.Int32,
+                   one_wave_ctas: cutlass.Int32, one_wave_rule: cutlass.Int32):
         """The MoE form: after griddepcontrol.wait (offs may be the router's output; the scratch, counters and
         output the previous kernel's) warp 0 computes the groups from offs into shared memory
-        (`fill_offset_tables`), then the roles run as the leaderboard's do, on those tables."""
+        (`fill_offset_tables`), then the roles run as the leaderboard's do, on those tables. A call with no
+        tiles (no rows, or left to the other form by `one_wave_rule`) ends there: nothing is read, converted
+        or counted."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
@@ -1042,11 +1067,15 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                               ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)))
         cute.arch.griddepcontrol_wait()
         if warp_idx == 0:
-            fill_offset_tables(offs, tables, num_groups, tokens, self.tile_m, ceil_div(n, self.tile_n))
+            fill_offset_tables(offs, tables, num_groups, tokens, self.tile_m, ceil_div(n, self.tile_n), one_wave_ctas,
+                               one_wave_rule)
         cute.arch.sync_threads()  # barriers initialized, the tables complete
-        self.run_roles(warp_idx, tidx, storage, ab_pipeline, tiled_mma, (tma_atom_a, tma_atom_b), mA, mB,
-                       TokenWork(tables.sizes, tables.abc, tables.sf, memory, num_groups, cutlass.Int32(0), tables),
-                       ParamDescriptors(), tables.tile_count(num_groups))
+        total_tiles = tables.tile_count(num_groups)
+        if total_tiles > 0:  # the same in every CTA (of a pair too)
+            self.run_roles(warp_idx, tidx, storage, ab_pipeline, tiled_mma, (tma_atom_a, tma_atom_b), mA, mB,
+                           TokenWork(tables.sizes, tables.abc, tables.sf, memory, num_groups, cutlass.Int32(0),
+                                     tables),
+                           ParamDescriptors(), total_tiles)
 
     @cute.jit
     def run_roles(self, warp_idx, tidx, storage, ab_pipeline, tiled_mma, atoms, mA, mB, tokens: TokenWork,
@@ -1614,7 +1643,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
 # =============================================================================
 def moe_gemm_arguments(values):
     """`Sm90GroupedGemmKernel.moe_call`'s arguments as DSL objects, from (offs, plan memory, scratch, B, E, T, N,
-    K, A, C, SFA, SFB, a_global, b_global addresses, a_global and b_global per group, CTAs)."""
+    K, A, C, SFA, SFB, a_global, b_global addresses, a_global and b_global per group, the default form's CTAs,
+    the one-wave rule, CTAs)."""
     offs, memory, scratch, b, *rest = values
     gmem = submission.global_pointer
     return (gmem(cutlass.Int32, offs, assumed_align=4),
@@ -1624,7 +1654,7 @@ def moe_gemm_arguments(values):
             *(cutlass.Int32(v) for v in rest[10:]))
 
 
-MOE_GEMM_ARGUMENTS = submission.ArgumentSpec((8,) * 4 + (4,) * 4 + (8,) * 6 + (4,) * 3 + (8,), moe_gemm_arguments)
+MOE_GEMM_ARGUMENTS = submission.ArgumentSpec((8,) * 4 + (4,) * 4 + (8,) * 6 + (4,) * 5 + (8,), moe_gemm_arguments)
 
 
 PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (submission.code_path)
@@ -1737,16 +1767,37 @@ def moe_scheduled(config: Sm90TileConfig, tokens: int, experts: int, n: int, num
     return config.with_schedule(submission.Schedule(contiguous=contiguous and not config.narrow_tokens))
 
 
-MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`moe_form`); unset: `moe_choice`
+MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`moe_forms`); unset: `moe_choice`
 
 
-def moe_form(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90TileConfig:
-    """The MoE op's form on sm_90: the one MOE_FORM_ENV names (to time each form on a workload), else
-    `moe_choice`'s."""
+def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
+    """The default MoE form's grid: where a call's default-form tiles fit it, one wave takes the call."""
+    default = SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"]
+    return submission.persistent_ctas(submission.most_tiles(tokens, experts, n, default), num_sms)
+
+
+def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
+    """The MoE op's forms on sm_90, launched in this order: the one MOE_FORM_ENV names (to time each form on a
+    workload), else `moe_choice`'s, and after it the default form where some routing's tiles, not every one's,
+    fit the default form's grid in one wave (their rows multiples of 128, as routers that pad each expert's
+    rows to a block, or give each the same capacity, make them): there the default form's busiest CTA runs
+    one 128 x 128 tile. With two, the device chooses from the routing (`MOE_TWO_FORM_RULES`: the default form
+    takes the calls that fit, the other the rest; the launch not taking a call ends after its wait)."""
     setting = os.environ.get(MOE_FORM_ENV)
-    if not setting:
-        return moe_choice(tokens, experts, n, k, num_sms)
-    return submission.parse_config(setting, SM90_MOE_CONFIGS, MOE_FORM_ENV)
+    if setting:
+        return (submission.parse_config(setting, SM90_MOE_CONFIGS, MOE_FORM_ENV),)
+    choice = moe_choice(tokens, experts, n, k, num_sms)
+    default = moe_scheduled(SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"], tokens, experts, n, num_sms)
+    fewest_tiles = ceil_div(tokens, default.tile_m) * ceil_div(n, default.tile_n)  # every group's rows full tiles
+    most_tiles = submission.most_tiles(tokens, experts, n, default)
+    one_wave = moe_one_wave_ctas(tokens, experts, n, num_sms)
+    if choice.tile_name == default.tile_name or not fewest_tiles <= one_wave < most_tiles:
+        return (choice,)  # the default form itself, or no routing fits its one wave, or every one does
+    return (choice, default)
+
+
+# Which calls each launch of two forms takes (`moe_forms`' order: `moe_choice`'s form, then the default)
+MOE_TWO_FORM_RULES = (MOE_PAST_ONE_WAVE, MOE_IN_ONE_WAVE)
 
 
 def config_from_setting(setting) -> Sm90TileConfig:

@@ -20,7 +20,7 @@ Every other error is a ValueError naming the argument, raised before anything ru
 Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
 with fake implementations, so torch.compile traces through it.
 
-Two computations. The kernels (`kernel_form`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
+Two computations. The kernels (`kernel_forms`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
 kernel per call computes each group's rows, P_g and the tile count from `offs` on the device (every CTA, into
 its shared memory: hopper.py's `OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder
 kernel computes them, the tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`),
@@ -269,11 +269,11 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
-def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
-    """The configuration of the kernel that runs this call (hopper.py's `moe_form` on sm_90,
-    `submission.MOE_CONFIG` on sm_100; a -bf16 form for bf16 output), or None for the portable path: other
-    devices, N or K the kernels do not take, B's experts not back to back, a base address not 16-byte
-    aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90."""
+def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
+    """The configurations of the kernels launched for this call (hopper.py's `moe_forms` on sm_90: one, or two
+    the device chooses between; `submission.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
+    the portable path: other devices, N or K the kernels do not take, B's experts not back to back, a base
+    address not 16-byte aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90."""
     from . import submission
     if not a.is_cuda or problem.tokens == 0:
         return None
@@ -288,17 +288,17 @@ def kernel_form(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
         return None
     capability = torch.cuda.get_device_capability(a.device)
     if capability == (10, 0):
-        config = submission.MOE_CONFIG
+        configs = (submission.MOE_CONFIG,)
     elif capability == (9, 0):
         from . import hopper
         if problem.experts > hopper.MOE_MAX_EXPERTS:
             return None  # more groups than its CTAs hold in shared memory
-        config = hopper.moe_form(problem.tokens, problem.experts, problem.n, problem.k,
+        configs = hopper.moe_forms(problem.tokens, problem.experts, problem.n, problem.k,
                                    submission.sm_count(a.device.index if a.device.index is not None
                                                        else torch.cuda.current_device()))
     else:
         return None
-    return dataclasses.replace(config, bf16_output=problem.out_dtype == torch.bfloat16)
+    return tuple(dataclasses.replace(c, bf16_output=problem.out_dtype == torch.bfloat16) for c in configs)
 
 
 def token_capacity(tokens: int) -> int:
@@ -308,7 +308,7 @@ def token_capacity(tokens: int) -> int:
 
 
 class KernelPlan:
-    """What one (device, stream, configuration, E, N, K, `token_capacity`) keeps between calls, none of it read
+    """What one (device, stream, configurations, E, N, K, `token_capacity`) keeps between calls, none of it read
     from `offs` on the host: the plan's memory (hopper.py's token counters, zero between launches, and
     converted tokens, `tokens` x K x 2 bytes; the B200 form's descriptors, and the tables its builder writes:
     `submission.table_offsets` order, then the tile count after the sizes), the grid (for the most tiles any
@@ -318,22 +318,32 @@ class KernelPlan:
 
     Two launch shapes: one kernel per call where the kernel class computes the groups from offs itself
     (`one_kernel_offsets`: hopper.py's, which makes the descriptors of the stacked tokens and weights in its
-    host function), else the builder from offs, then the GEMM."""
+    host function), else the builder from offs, then the GEMM. hopper.py's forms may come two to a call
+    (`hopper.moe_forms`): each launched, one after the other on the same memory, the device choosing which
+    one computes (`hopper.MOE_TWO_FORM_RULES`)."""
 
-    def __init__(self, config, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
+    def __init__(self, configs, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
                  device=None):
         from . import submission
         device = torch.device("cuda", device_index) if device is None else device  # a stand-in's test: "cpu"
-        compiled = submission.compile_grouped_gemm(config)
+        config = configs[0]
+        compiled = [submission.compile_grouped_gemm(c) for c in configs]
+        layouts = {c.plan_layout for c in configs}
+        if len(layouts) != 1:
+            raise ValueError(f"{[c.name for c in configs]}: forms sharing a plan share its memory's layout")
         scratch = config.scratch_bytes([(tokens, n, k, 1)])
         self.memory = torch.zeros(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
         self.max_tiles = submission.most_tiles(tokens, experts, n, config)
-        self.ctas = submission.persistent_ctas(self.max_tiles, submission.sm_count(device_index) // config.cta_group)
+        self.ctas = [submission.persistent_ctas(submission.most_tiles(tokens, experts, n, c),
+                                                submission.sm_count(device_index) // c.cta_group) for c in configs]
         self.experts, self.n, self.k = experts, n, k
         self.stream = stream
-        self.one_kernel = compiled.build_tensormaps is None
+        self.one_kernel = compiled[0].build_tensormaps is None
         if self.one_kernel:
-            self.gemm = submission.HostFunction(compiled.gemm, device_index, compiled.kernel.host_entry()[1])
+            from . import hopper
+            self.gemms = [submission.HostFunction(c.gemm, device_index, c.kernel.host_entry()[1]) for c in compiled]
+            self.rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper.MOE_TWO_FORM_RULES
+            self.one_wave_ctas = hopper.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
             self.scratch = self.memory.data_ptr() + config.plan_layout.scratch_offset(experts)
             # the kernel's own region (the token counters): a plan made during a capture is zeroed by the
             # graph's replays alone, so its first launch outside one zeroes it first
@@ -342,26 +352,29 @@ class KernelPlan:
             self.zero_first = submission.stream_capturing()
             self.stream_capturing = submission.stream_capturing
             return
-        self.builder = submission.HostFunction(compiled.build_from_offsets, device_index,
+        if len(configs) != 1:
+            raise ValueError(f"{[c.name for c in configs]}: a builder's form launches alone")
+        self.builder = submission.HostFunction(compiled[0].build_from_offsets, device_index,
                                                submission.OFFSETS_BUILDER_ARGUMENTS)
         abc_at, sf_at, sizes_at = submission.table_offsets(experts)
         self.tables = torch.empty(submission.moe_table_words(experts), dtype=torch.int64, device=device)
         self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
-        self.gemm = submission.HostFunction(compiled.gemm, device_index).bind(
-            self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas, 0), stream)
+        self.gemm = submission.HostFunction(compiled[0].gemm, device_index).bind(
+            self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas[0], 0), stream)
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
-        """On the plan's stream: the kernel, or the builder (tables, alphas and descriptors from `offs` and the
-        global scales), then the GEMM."""
+        """On the plan's stream: the kernel (or kernels), or the builder (tables, alphas and descriptors from
+        `offs` and the global scales), then the GEMM."""
         scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
         counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
         if self.one_kernel:
             if self.zero_first and not self.stream_capturing():
                 self.counters.zero_()
                 self.zero_first = False
-            self.gemm.bind((offs.data_ptr(), self.memory.data_ptr(), self.scratch, b.data_ptr(), *counts,
-                            a.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
-                            scales[1][0], scales[0][1], scales[1][1], self.ctas), self.stream)()
+            for gemm, rule, ctas in zip(self.gemms, self.rules, self.ctas):
+                gemm.bind((offs.data_ptr(), self.memory.data_ptr(), self.scratch, b.data_ptr(), *counts,
+                           a.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
+                           scales[1][0], scales[0][1], scales[1][1], self.one_wave_ctas, rule, ctas), self.stream)()
             return
         self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *counts, a.data_ptr(),
                            b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
@@ -372,25 +385,26 @@ class KernelPlan:
 _kernel_plans = {}
 
 
-def run_kernel(config, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
+def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
+    """`configs` (`kernel_forms`' or one form's tuple) on this call, with the plan its stream keeps for them."""
     from . import submission
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
         stream = submission.current_stream_handle(index)
-        key = (index, stream, config, problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
+        key = (index, stream, tuple(configs), problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
         plan = _kernel_plans.get(key)
         if plan is None:
-            plan = _kernel_plans[key] = KernelPlan(config, index, stream, *key[3:])
+            plan = _kernel_plans[key] = KernelPlan(configs, index, stream, *key[3:])
         plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
 
 
 def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
-    """The kernel where one takes the call (`kernel_form`), else the portable computation."""
-    config = kernel_form(problem, a, b_scale, a_scale, a_global, b_global, out)
-    if config is None:
+    """The kernels where they take the call (`kernel_forms`), else the portable computation."""
+    configs = kernel_forms(problem, a, b_scale, a_scale, a_global, b_global, out)
+    if configs is None:
         compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     else:
-        run_kernel(config, problem, a, a_scale, b_scale, offs, out, a_global, b_global)
+        run_kernel(configs, problem, a, a_scale, b_scale, offs, out, a_global, b_global)
 
 
 # ---- the torch ops -----------------------------------------------------------------------------------------------

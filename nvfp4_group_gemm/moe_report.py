@@ -66,7 +66,8 @@ def command_moe(options) -> int:
         a, b, a_scale, b_scale, offs = stacked_inputs(data)
         out = moe.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, out_dtype=torch.float16)
         problem = moe.Problem(a, b, a_scale, b_scale, offs, None, None, torch.float16, out)
-        path = "kernel" if moe.kernel_form(problem, a, b_scale, a_scale, None, None, out) is not None else "portable"
+        forms = moe.kernel_forms(problem, a, b_scale, a_scale, None, None, out)
+        path = "portable" if forms is None else "kernel"
         if path == "portable" and rounds_to_bf16(a.device):
             # torch._grouped_mm's bf16 output, then fp16: a bf16 rounding's tolerance
             problems = [p for got, want in zip(per_group(out, data[3]), ref_kernel(data))
@@ -77,7 +78,7 @@ def command_moe(options) -> int:
         failed |= not ok
         line = f"  {name:<12} {path:<8} {'ok' if ok else 'WRONG: ' + message[:200]}"
         if gpu and ok and name.startswith("benchmark"):
-            line += timings(case, a, b, a_scale, b_scale, offs)
+            line += timings(case, a, b, a_scale, b_scale, offs) + "  " + " then ".join(f.tile_name for f in forms or ())
         print(line + f"  {short_spec(problem_sizes_of(case.args))}", flush=True)
     return 1 if failed else 0
 

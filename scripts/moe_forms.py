@@ -6,8 +6,9 @@ others on the routings it reasons about, and on the one you name.
 
 Prints, per routing (the first R samples, then --sizes if given), each form's modeled busiest CTA (us) and,
 on an sm_90 GPU, the op's mean us per call with that form (`hopper.MOE_FORM_ENV`; the leaderboard's loop:
-L2 flushed, events around 8 calls on 8 copies of the data); then the means over the sampled routings and
-moe_choice's pick. Without such a GPU, the model's figures alone."""
+L2 flushed, events around 8 calls on 8 copies of the data), then the op as it runs unset (`hopper.moe_forms`:
+one form, or two that the device chooses between, modeled as the one it chooses); then the means over the
+sampled routings and the forms the op launches. Without such a GPU, the model's figures alone."""
 import argparse
 import itertools
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 COPIES = 8  # distinct inputs per timed loop, as the leaderboard's calls each read their own data
+AS_LAUNCHED = "the op (moe_forms)"
 
 
 def stacked(sizes, n: int, k: int, device, seed: int):
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
     sms = submission.sm_count(0) if gpu else 132
     # each form under the schedule moe_choice gives it
     forms = {name: hopper.moe_scheduled(c, tokens, experts, n, sms) for name, c in hopper.SM90_MOE_CONFIGS.items()}
+    launched = hopper.moe_forms(tokens, experts, n, k, sms)
+    forms[AS_LAUNCHED] = None
     print(f"T={tokens} E={experts} N={n} K={k} on {torch.cuda.get_device_name() if gpu else 'no sm_90 GPU: model only'}")
     totals = {name: [0.0, 0.0] for name in forms}
     for index, sizes in enumerate(routings):
@@ -62,11 +66,16 @@ def main(argv=None) -> int:
         inputs = [stacked(sizes, n, k, "cuda" if gpu else "cpu", seed) for seed in range(COPIES)] if gpu else []
         for name, config in forms.items():
             # as moe_choice models it: the leaderboard form's busiest CTA
-            model = hopper.busiest_cta_cost(problem_sizes, sms, hopper.SM90_CONFIGS[name.replace("-offs", "")]) / 1000
+            modeled = chosen_form(launched, sizes, n, tokens, experts, sms).tile_name if config is None else name
+            model = hopper.busiest_cta_cost(problem_sizes, sms,
+                                            hopper.SM90_CONFIGS[modeled.replace("-offs", "")]) / 1000
             line = f"    {name:<40} model {model:8.2f} us"
             if gpu:
                 from nvfp4_group_gemm.peers import time_loop_us
-                os.environ[hopper.MOE_FORM_ENV] = config.name
+                if config is None:
+                    os.environ.pop(hopper.MOE_FORM_ENV, None)
+                else:
+                    os.environ[hopper.MOE_FORM_ENV] = config.name
                 measured = time_loop_us(lambda d: moe.grouped_mm_nvfp4(*d, out_dtype=torch.float16), inputs)
                 line += f"  measured {measured:8.2f} us"
                 if index < options.routings:
@@ -79,7 +88,18 @@ def main(argv=None) -> int:
     for name, (model, measured) in totals.items():
         print(f"    {name:<40} model {model:8.2f} us" + (f"  measured {measured:8.2f} us" if gpu else ""))
     print(f"  moe_choice: {hopper.moe_choice(tokens, experts, n, k, sms).name}")
+    print(f"  moe_forms: {' then '.join(f.name for f in launched)}")
     return 0
+
+
+def chosen_form(launched, sizes, n: int, tokens: int, experts: int, sms: int):
+    """Which of `launched` computes a call of these rows (`hopper.MOE_TWO_FORM_RULES`, as the device decides)."""
+    from nvfp4_group_gemm import hopper, submission
+    if len(launched) == 1:
+        return launched[0]
+    wave_tiles = sum(submission.ceil_div(m, 128) for m in sizes) * submission.ceil_div(n, 128)
+    fits = wave_tiles <= hopper.moe_one_wave_ctas(tokens, experts, n, sms)
+    return launched[hopper.MOE_TWO_FORM_RULES.index(hopper.MOE_IN_ONE_WAVE if fits else hopper.MOE_PAST_ONE_WAVE)]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """custom_kernel on one test shape and one benchmark shape, checked against the
-reference, and with --moe the MoE op on one routing with empty experts, checked
-against its CPU result: run under compute-sanitizer's tools by scripts/gpu-check.sh.
+reference, and with --moe the MoE op on one routing with empty experts (on sm_90
+also two routings under two forms per call, one taken by each), checked against
+its CPU result: run under compute-sanitizer's tools by scripts/gpu-check.sh.
 Arguments: the test and benchmark indices (default 3 3; gpu-check.sh passes
 $SANITIZE_CASES), then --moe (every tool of gpu-check.sh passes it)."""
 import sys
@@ -45,4 +46,23 @@ if moe_too:  # the MoE op on one routing with a quarter of the experts empty, as
         good = bool(((got.float().cpu() - expected).abs() <= 2 ** -10 * expected.abs()).all())
         print(f"moe op, {out_dtype}, experts {sizes}: {'pass' if good else 'FAIL'}")
         failed |= not good
+    if torch.cuda.get_device_capability() == (9, 0):  # two Hopper forms per call, each routing taken by one
+        from nvfp4_group_gemm import hopper
+        forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
+                 hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
+        w = torch.randn(4, 1024, 256, generator=gen)
+        b, b_scale = moe.quantize_experts(w)
+        for sizes in ((512, 512, 768, 256), (500, 530, 770, 248)):  # the default form's one wave, then past it
+            x = torch.randn(sum(sizes), 256, generator=gen)
+            offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+            a, a_scale = moe.quantize_tokens(x, offs)
+            expected = moe.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, out_dtype=torch.float16).float()
+            args = [t.cuda() for t in (a, b, a_scale, b_scale, offs)]
+            got = torch.empty(sum(sizes), 1024, dtype=torch.float16, device="cuda")
+            problem = moe.Problem(*args, None, None, torch.float16, got)
+            moe.run_kernel(forms, problem, args[0], args[2], args[3], args[4], got)
+            torch.cuda.synchronize()
+            good = bool(((got.float().cpu() - expected).abs() <= 2 ** -10 * expected.abs()).all())
+            print(f"moe op, two Hopper forms, experts {list(sizes)}: {'pass' if good else 'FAIL'}")
+            failed |= not good
 sys.exit(1 if failed else 0)

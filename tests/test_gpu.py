@@ -450,7 +450,7 @@ def kernel_takes(args, validated: bool = False) -> bool:
     problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], a_global, b_global,
                           torch.float16, None, validated=validated)
     out = torch.empty(problem.tokens, problem.n, dtype=torch.float16, device="cuda")
-    return moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], a_global, b_global,
+    return moe.kernel_forms(problem, args["a"], args["b_scale"], args["a_scale"], a_global, b_global,
                            out) is not None
 
 
@@ -508,9 +508,10 @@ def test_moe_kernel_builder_writes_the_tables_the_host_would(sizes):
     torch.cuda.synchronize()
     problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
                           torch.float16, out)
-    config = moe.kernel_form(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
+    configs = moe.kernel_forms(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
     plan = next(p for key, p in moe._kernel_plans.items()
-                if key[2:] == (config, len(sizes), 256, 512, moe.token_capacity(sum(sizes))))
+                if key[2:] == (configs, len(sizes), 256, 512, moe.token_capacity(sum(sizes))))
+    config, = configs
     words = moe.device_tables(problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
     assert torch.equal(plan.tables[:len(words)], words)
     assert int(plan.tables[len(words)]) & 0xFFFFFFFF == submission.tile_count([(m, 256, 512, 1) for m in sizes if m],
@@ -610,10 +611,47 @@ def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguo
     problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
                           torch.float16, None)
     out = torch.full((sum(sizes), 384), float("nan"), dtype=torch.float16, device="cuda")
-    moe.run_kernel(config, problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
+    moe.run_kernel((config,), problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=torch.float16)
     within_one_fp16_rounding(out, cpu)
+
+
+@needs_hopper
+def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
+    """hopper.moe_forms' two launches per call (the 192-token pair, then the default form), on a routing whose
+    default-form tiles fit the default form's grid in one wave (rows multiples of 128) and on one whose tiles do
+    not: within one rounding of the CPU's. Each launch alone under its rule computes the calls the rule gives
+    it and leaves `out` untouched on the others."""
+    from nvfp4_group_gemm import hopper, moe, submission
+    forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
+             hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
+    n, k, tokens = 1024, 256, 2048
+    one_wave = hopper.moe_one_wave_ctas(moe.token_capacity(tokens), 4, n, submission.sm_count(0))
+    for sizes, fits in (((512, 512, 768, 256), True), ((500, 530, 770, 248), False)):
+        default_tiles = sum(submission.ceil_div(m, 128) for m in sizes) * n // 128
+        assert (default_tiles <= one_wave) == fits, (sizes, default_tiles, one_wave)  # the routings' premise
+        args = moe_inputs(sizes, n=n, k=k)
+        args.update(a_global=None, b_global=None)
+        problem = moe.Problem(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
+                              torch.float16, None)
+        cpu = moe.grouped_mm_nvfp4(**{name: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                                      for name, v in args.items()}, out_dtype=torch.float16)
+        out = torch.full((tokens, n), float("nan"), dtype=torch.float16, device="cuda")
+        moe.run_kernel(forms, problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
+        within_one_fp16_rounding(out, cpu)
+        stream = submission.current_stream_handle(0)
+        for form, rule in zip(forms, hopper.MOE_TWO_FORM_RULES):
+            plan = moe.KernelPlan((form,), 0, stream, 4, n, k, moe.token_capacity(tokens))
+            plan.rules = (rule,)
+            assert plan.one_wave_ctas == one_wave
+            out = torch.full((tokens, n), float("nan"), dtype=torch.float16, device="cuda")
+            plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
+            torch.cuda.synchronize()
+            if (rule == hopper.MOE_IN_ONE_WAVE) == fits:
+                within_one_fp16_rounding(out, cpu)
+            else:
+                assert out.isnan().all(), (form.name, sizes)
 
 
 @needs_hopper_or_b200

@@ -425,13 +425,32 @@ def test_the_moe_forms_choice_needs_only_the_hosts_sizes():
 
 
 def test_the_moe_form_setting_names_a_form_or_says_which_there_are(monkeypatch):
-    """MOE_FORM_ENV (to time each form on a workload): a form of SM90_MOE_CONFIGS with its schedule; a wrong
-    name is a ValueError naming the setting and the forms; unset, moe_choice's."""
+    """MOE_FORM_ENV (to time each form on a workload): a form of SM90_MOE_CONFIGS with its schedule, alone; a
+    wrong name is a ValueError naming the setting and the forms; unset, moe_choice's first."""
     monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs/contiguous")
-    form = hopper.moe_form(512, 2, 4096, 1536, 132)
+    form, = hopper.moe_forms(512, 2, 4096, 1536, 132)
     assert form.tile_name == "sm90-128x128-k128-wr-offs" and form.schedule.contiguous
     monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr")
     with pytest.raises(ValueError, match=f"{hopper.MOE_FORM_ENV}.*sm90-128x128-k128-wr-offs"):
-        hopper.moe_form(512, 2, 4096, 1536, 132)
+        hopper.moe_forms(512, 2, 4096, 1536, 132)
     monkeypatch.delenv(hopper.MOE_FORM_ENV)
-    assert hopper.moe_form(512, 2, 4096, 1536, 132) == hopper.moe_choice(512, 2, 4096, 1536, 132)
+    assert hopper.moe_forms(512, 2, 4096, 1536, 132)[0] == hopper.moe_choice(512, 2, 4096, 1536, 132)
+
+
+@pytest.mark.parametrize("shape", [(512, 2, 4096, 1536), (1024, 8, 4096, 7168), (1024, 8, 7168, 2048),
+                                   (512, 8, 256, 256), (16384, 256, 256, 256), (1, 1, 256, 256)])
+def test_the_default_form_follows_where_some_routing_fits_its_grid_in_one_wave(shape):
+    """moe_forms: moe_choice's form, then the default form exactly where moe_choice's is another and the
+    routings whose rows are multiples of 128 fit the default form's grid in one wave, and not every routing
+    does."""
+    tokens, experts, n, k = shape
+    forms = hopper.moe_forms(*shape, 132)
+    choice = hopper.moe_choice(*shape, 132)
+    default = hopper.SM90_CONFIG.tile_name + "-offs"
+    default_ctas = min(132, (tokens + 127 * min(experts, tokens)) // 128 * (n // 128))
+    assert hopper.moe_one_wave_ctas(tokens, experts, n, 132) == default_ctas
+    most = (tokens + 127 * min(experts, tokens)) // 128 * (n // 128)
+    fits = -(-tokens // 128) * (n // 128) <= default_ctas < most
+    assert forms[0] == choice
+    assert [f.tile_name for f in forms[1:]] == ([default] if choice.tile_name != default and fits else [])
+    assert len(forms) == len(hopper.MOE_TWO_FORM_RULES) or len(forms) == 1

@@ -300,12 +300,13 @@ def bound(monkeypatch):
     return bound
 
 
-def launch_two_routings(config):
+def launch_two_routings(configs):
     """A plan of 4 experts, N 256, K 512 for 202 tokens (T rounded up: 256) launched on two routings of them
     in the same buffers, as a CUDA graph's replays have them: (the plan, the buffers, out)."""
     first, _ = routed((72, 0, 129, 1))
     second, _ = routed((1, 1, 1, 199), seed=1)
-    plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202), device="cpu")
+    configs = configs if isinstance(configs, tuple) else (configs,)
+    plan = moe.KernelPlan(configs, 0, 7, experts=4, n=256, k=512, tokens=moe.token_capacity(202), device="cpu")
     out = torch.empty(202, 256, dtype=torch.float16)
     for routing in (first, second):
         for name in ("a", "offs", "a_scale"):
@@ -355,7 +356,27 @@ def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch, bo
     assert values[8:12] == tuple(t.data_ptr() for t in (a, out, a_scale, first["b_scale"]))
     assert values[12:16] == (0, 0, 0, 0)  # no global scales
     most = (moe.token_capacity(202) + 127 * 4) // 128 * 2
-    assert values[16] == min(most, 132) and first_call[2] == 7
+    assert values[16:] == (min(most, 132), hopper.MOE_EVERY_CALL, min(most, 132)) and first_call[2] == 7
+
+
+def test_two_hopper_forms_share_a_plan_and_the_device_chooses(monkeypatch, bound):
+    """Where hopper.moe_forms gives two forms, each call launches both on the plan's one memory, in that order,
+    with no group size: the first takes the calls past the default form's one wave, the second (the default)
+    those within it, both told the default form's grid; each its own grid."""
+    from nvfp4_group_gemm import hopper, submission
+    monkeypatch.setattr(submission, "compile_grouped_gemm",
+                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
+    forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
+             hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
+    plan, first, out = launch_two_routings(forms)
+    pair_first, default_first, pair_second, default_second = bound
+    assert (pair_first, default_first) == (pair_second, default_second)
+    assert pair_first[1][:16] == default_first[1][:16]  # the same operands, plan memory and scratch
+    most_default = (moe.token_capacity(202) + 127 * 4) // 128 * 2
+    most_pair = (moe.token_capacity(202) + 191 * 4) // 192 * 1
+    assert pair_first[1][16:] == (min(most_default, 132), hopper.MOE_PAST_ONE_WAVE, min(most_pair, 66))
+    assert default_first[1][16:] == (min(most_default, 132), hopper.MOE_IN_ONE_WAVE, min(most_default, 132))
+    assert pair_first[1][16] == hopper.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
 
 
 def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_outside_one(monkeypatch, bound):
@@ -368,7 +389,7 @@ def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_ou
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
     config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
-    plan = moe.KernelPlan(config, 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
+    plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
     args, _ = routed((72, 0, 129, 1))
     out = torch.empty(202, 256, dtype=torch.float16)
     launches = []
