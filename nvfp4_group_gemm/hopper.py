@@ -80,12 +80,13 @@ Configurations (`SM90_CONFIGS`): the forms that were the fastest on at least
 one benchmark in a same-run H200 measurement; docs/hopper.md has the figures
 and the forms that were tried and removed (git has their code).
 
-The MoE op's forms (`SM90_MOE_CONFIGS`, `device_offsets`; `moe_choice` picks
-one from T, E, N, K): the same kernel, one launch per call, with the group
-sizes on the device. After griddepcontrol.wait, warp 0 of every CTA computes
-each group's end row, its first scale row P_g and the tile count from offs
-into shared memory (`fill_offset_tables`, `OffsetTables`), which every role
-then reads as it reads the leaderboard's tables. Its two descriptors are
+The MoE op's forms (`SM90_MOE_CONFIGS`, `device_offsets`; `moe_forms` picks
+one from T, E, N, K, or two that the device chooses between from the routing):
+the same kernel, one launch per form, with the group sizes on the device.
+After griddepcontrol.wait, warp 0 of every CTA computes each group's end row,
+its first scale row P_g and the tile count from offs into shared memory
+(`fill_offset_tables`, `OffsetTables`), which every role then reads as it
+reads the leaderboard's tables. Its two descriptors are
 kernel parameters that its host function (`moe_call`) makes on every call:
 the converted tokens, stacked in T order in the plan's scratch, and B, the
 experts stacked as E x N rows; a tile loads the tokens from its group's first
