@@ -21,8 +21,9 @@ Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._
 with fake implementations, so torch.compile traces through it.
 
 Two computations. The kernels (`kernel_forms`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
-kernel per call computes each group's rows, P_g and the tile count from `offs` on the device (every CTA, into
-its shared memory: hopper.py's `OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder
+kernel per call (for some small T two, of which the device runs one: `hopper.moe_forms`) computes each group's
+rows, P_g and the tile count from `offs` on the device (every CTA, into its shared memory: hopper.py's
+`OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder
 kernel computes them, the tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`),
 then the GEMM runs. Either walks those tiles and multiplies each group's fp32 sums by its alpha_g before the one
 rounding to the output's type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it
