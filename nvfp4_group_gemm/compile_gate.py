@@ -192,7 +192,8 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         except Exception as error:
             row["builder_error"] = describe_error(error)
     offsets_ptx = ""
-    if not stopped_at and builders and config.device_offsets:  # the MoE form's builder, which computes the tables from offs
+    # the MoE form's builder, which computes the tables from offs
+    if not stopped_at and builders and config.device_offsets:
         try:
             offsets_builder = submission.compile_with_placeholders(kernel.build_from_offsets,
                                                                    submission.OFFSETS_BUILDER_ARGUMENTS)

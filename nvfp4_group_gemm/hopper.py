@@ -109,7 +109,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import submission
-from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, TENSORMAP_I64_PER_GROUP, GroupTensormaps,
+from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, GroupTensormaps,
                         TileConfig, TileScheduler, WorkTile, ceil_div, check_budget)
 
 # =============================================================================
@@ -180,6 +180,7 @@ SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
 # The MoE op's forms (moe.py): these, each CTA computing the groups from their end rows on the device
 SM90_MOE_CONFIGS = {c.tile_name: c for c in (dataclasses.replace(f, device_offsets=True)
                                               for f in SM90_CONFIGS.values())}
+SM90_MOE_DEFAULT = SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"]  # the default form's (`moe_forms`)
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
 
@@ -1773,8 +1774,7 @@ MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`
 
 def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
     """The default MoE form's grid: where a call's default-form tiles fit it, one wave takes the call."""
-    default = SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"]
-    return submission.persistent_ctas(submission.most_tiles(tokens, experts, n, default), num_sms)
+    return submission.persistent_ctas(submission.most_tiles(tokens, experts, n, SM90_MOE_DEFAULT), num_sms)
 
 
 def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
@@ -1788,11 +1788,11 @@ def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
     if setting:
         return (submission.parse_config(setting, SM90_MOE_CONFIGS, MOE_FORM_ENV),)
     choice = moe_choice(tokens, experts, n, k, num_sms)
-    default = moe_scheduled(SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"], tokens, experts, n, num_sms)
+    default = moe_scheduled(SM90_MOE_DEFAULT, tokens, experts, n, num_sms)
     fewest_tiles = ceil_div(tokens, default.tile_m) * ceil_div(n, default.tile_n)  # every group's rows full tiles
-    most_tiles = submission.most_tiles(tokens, experts, n, default)
-    one_wave = moe_one_wave_ctas(tokens, experts, n, num_sms)
-    if choice.tile_name == default.tile_name or not fewest_tiles <= one_wave < most_tiles:
+    # its grid (`moe_one_wave_ctas`) is min(most tiles, SMs): a routing fits it where its tiles are at most the SMs
+    if choice.tile_name == default.tile_name or not fewest_tiles <= num_sms < submission.most_tiles(
+            tokens, experts, n, default):
         return (choice,)  # the default form itself, or no routing fits its one wave, or every one does
     return (choice, default)
 

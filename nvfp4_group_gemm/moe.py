@@ -23,13 +23,12 @@ with fake implementations, so torch.compile traces through it.
 Two computations. The kernels (`kernel_forms`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
 kernel per call (for some small T two, of which the device runs one: `hopper.moe_forms`) computes each group's
 rows, P_g and the tile count from `offs` on the device (every CTA, into its shared memory: hopper.py's
-`OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder
-kernel computes them, the tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`),
-then the GEMM runs. Either walks those tiles and multiplies each group's fp32 sums by its alpha_g before the one
-rounding to the output's type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it
-under any routing. Everything else
-runs the portable computation (dequantize, then torch._grouped_mm on CUDA, which reads `offs` on the device;
-a loop over the groups on the CPU); it is exact up to fp32 summation order, except that on a GPU
+`OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder kernel computes them, the
+tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM runs. Either
+walks those tiles and multiplies each group's fp32 sums by its alpha_g before the one rounding to the output's
+type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it under any routing.
+Everything else runs the portable computation (dequantize, then torch._grouped_mm on CUDA, which reads `offs`
+on the device; a loop over the groups on the CPU); it is exact up to fp32 summation order, except that on a GPU
 torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are applied (one more rounding
 there). docs/moe.md has the design, figures and what is left.
 """

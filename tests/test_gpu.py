@@ -462,9 +462,6 @@ def within_one_rounding(out, expected):
     assert ((out - expected).abs() <= ulp * expected.abs() + 2 ** -24).all(), (out - expected).abs().max()
 
 
-within_one_fp16_rounding = within_one_rounding
-
-
 @needs_hopper_or_b200
 @pytest.mark.parametrize("experts,tokens", [(1, 300), (8, 1000), (64, 4096), (256, 16384), (8, 0), (16, 5)])
 def test_moe_kernel_path_under_random_routings(experts, tokens):
@@ -480,7 +477,7 @@ def test_moe_kernel_path_under_random_routings(experts, tokens):
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=torch.float16)
     assert out.shape == (tokens, 256)
-    within_one_fp16_rounding(out, cpu)
+    within_one_rounding(out, cpu)
 
 
 @needs_hopper_or_b200
@@ -492,7 +489,7 @@ def test_moe_kernel_rows_past_the_last_group_are_not_written_and_all_tokens_on_o
     moe.grouped_mm_nvfp4(**args, out=out, validate=True)
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=torch.float16)
-    within_one_fp16_rounding(out[:250], cpu[:250])
+    within_one_rounding(out[:250], cpu[:250])
     assert out[250:].isnan().all()
 
 
@@ -572,10 +569,10 @@ def test_moe_kernel_first_called_inside_a_capture_then_outside_it_on_that_stream
     with torch.cuda.stream(stream):
         eager = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
     torch.cuda.synchronize()
-    within_one_fp16_rounding(eager, cpu)
+    within_one_rounding(eager, cpu)
     graph.replay()
     torch.cuda.synchronize()
-    within_one_fp16_rounding(out, cpu)
+    within_one_rounding(out, cpu)
 
 
 @needs_hopper_or_b200
@@ -614,7 +611,7 @@ def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguo
     moe.run_kernel((config,), problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
     cpu = moe.grouped_mm_nvfp4(**{n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in args.items()},
                                out_dtype=torch.float16)
-    within_one_fp16_rounding(out, cpu)
+    within_one_rounding(out, cpu)
 
 
 @needs_hopper
@@ -639,7 +636,7 @@ def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
                                       for name, v in args.items()}, out_dtype=torch.float16)
         out = torch.full((tokens, n), float("nan"), dtype=torch.float16, device="cuda")
         moe.run_kernel(forms, problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
-        within_one_fp16_rounding(out, cpu)
+        within_one_rounding(out, cpu)
         stream = submission.current_stream_handle(0)
         for form, rule in zip(forms, hopper.MOE_TWO_FORM_RULES):
             plan = moe.KernelPlan((form,), 0, stream, 4, n, k, moe.token_capacity(tokens))
@@ -649,7 +646,7 @@ def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
             plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
             torch.cuda.synchronize()
             if (rule == hopper.MOE_IN_ONE_WAVE) == fits:
-                within_one_fp16_rounding(out, cpu)
+                within_one_rounding(out, cpu)
             else:
                 assert out.isnan().all(), (form.name, sizes)
 
@@ -683,7 +680,7 @@ def test_moe_kernel_reads_scale_buffers_as_laid_out_by_torch_and_by_stacked_quan
                                out_dtype=torch.float16, validate=True)
     assert kernel_takes(args, validated=True)
     out = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16, validate=True)
-    within_one_fp16_rounding(out, cpu)
+    within_one_rounding(out, cpu)
 
 
 @needs_hopper_or_b200
