@@ -744,6 +744,13 @@ def plan_memory(ptr_tensormaps, num_groups):
                          stride=(TENSORMAP_I64_PER_GROUP, BYTES_PER_TENSORMAP // 8, 1)))
 
 
+def shuffle_up(value, offset: int):
+    """`value` of the lane `offset` below this one (lanes below `offset` keep their own): shfl.sync.up with
+    clamp 0, its bound being the warp's first lane. Said here, not left to the DSL's default: releases before
+    4.8 pass a clamp of 31, under which every lane keeps its own value."""
+    return cute.arch.shuffle_sync_up(value, offset=offset, mask_and_clamp=0)
+
+
 @cute.jit
 def clamped_bounds(offs: cute.Tensor, g, num_groups, tokens, carried):
     """A warp's round of 32 groups (lane l: group g = the round's first + l): g's first row and end row, the end
@@ -757,13 +764,13 @@ def clamped_bounds(offs: cute.Tensor, g, num_groups, tokens, carried):
         if end > tokens:
             end = tokens
     for step in cutlass.range_constexpr(5):  # inclusive running maximum over the lanes
-        earlier = cute.arch.shuffle_sync_up(end, offset=1 << step)
+        earlier = shuffle_up(end, 1 << step)
         if lane >= (1 << step):
             if earlier > end:
                 end = earlier
     if carried > end:
         end = carried
-    begin = cute.arch.shuffle_sync_up(end, offset=1)
+    begin = shuffle_up(end, 1)
     if lane == 0:
         begin = carried
     return begin, end

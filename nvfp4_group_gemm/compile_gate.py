@@ -127,6 +127,26 @@ PTX_FEATURES = {
 PTX_THREADS = re.compile(r"\.reqntid (\d+), 1, 1")
 
 
+# shfl.sync's operands: destination (and predicate), value, lane or offset b, clamp c, member mask
+PTX_SHUFFLE = re.compile(r"shfl\.sync\.(up|down|bfly|idx)\.b32\s+[^,;]+,\s*[^,;]+,\s*[^,;]+,\s*([^,;]+),\s*[^;]+;")
+
+
+def misclamped_shuffles(ptx: str) -> list:
+    """The lane shuffles whose clamp (c's low five bits) is not the whole segment's: 0 for `up` (its bound is
+    the segment's first lane), 31 for `down`, `bfly` and `idx` (its last), as CUDA's __shfl_*_sync set it.
+    With any other clamp most lanes keep their own value, silently: `up` with 31 moves nothing at all (the
+    clamp some DSL releases' shuffle_sync_up passes by default). A clamp in a register is not judged."""
+    wrong = []
+    for match in PTX_SHUFFLE.finditer(ptx):
+        mode, clamp = match[1], match[2].strip()
+        if clamp.startswith("%"):
+            continue
+        expected = 0 if mode == "up" else 31
+        if int(clamp, 0) & 31 != expected:
+            wrong.append(" ".join(match[0].split()))
+    return wrong
+
+
 def acquires_before_waits(ptx: str) -> list:
     """Per `griddepcontrol.wait`, in text order: the descriptor acquire fences since the entry's start or the
     previous griddepcontrol instruction (those a role issues before it waits for the previous kernel)."""
@@ -144,6 +164,8 @@ def ptx_features(ptx: str) -> dict:
     found["acquires_before_waits"] = acquires_before_waits(ptx)
     threads = [int(t) for t in PTX_THREADS.findall(ptx)]
     found["threads_per_cta"] = max(threads) if threads else None  # the GEMM kernel's (the largest)
+    found["shuffles_up"] = len(re.findall(r"shfl\.sync\.up\.", ptx))
+    found["misclamped_shuffles"] = misclamped_shuffles(ptx)
     return found
 
 
@@ -226,6 +248,8 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         row.update(ptxas_report(ptx, arch, ptxas))
         if builder_ptx:
             row["builder_ptx_features"] = ptx_features(builder_ptx)
+        if offsets_ptx:
+            row["offsets_builder_ptx_features"] = ptx_features(offsets_ptx)
         # the builders: registers, spills and (kept) their PTX, under "builder_..." and "offsets_builder_..."
         for prefix, suffix, side_ptx in (("builder", "builder", builder_ptx), ("offsets_builder", "offsets",
                                                                              offsets_ptx)):
@@ -247,6 +271,12 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         elif row["wgmma_serialized"]:  # ptxas waits for every wgmma: no overlap with the conversion
             row["ok"] = False
             row["error"] = "ptxas serializes the wgmma instructions (C7512: not enough registers)"
+        misclamped = [line for key in ("ptx_features", "builder_ptx_features", "offsets_builder_ptx_features")
+                      for line in row.get(key, {}).get("misclamped_shuffles", [])]
+        if misclamped:  # compiles, and computes wrong results
+            row["ok"] = False
+            row["error"] = (f"{len(misclamped)} lane shuffles whose clamp keeps lanes' own values, e.g. "
+                            f"'{misclamped[0]}' (shfl.sync.up needs clamp 0: pass mask_and_clamp=0)")
         if hopper:
             # a CTA must fit an SM's registers (ptxas caps them by warps per scheduler)
             row.update(tile_k=kernel.config.tile_k, register_budget=hopper.register_budget())

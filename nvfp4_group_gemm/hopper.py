@@ -720,7 +720,7 @@ def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, toke
         blocked = (m + 127) // 128 * 128
         scale_rows = blocked
         for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
-            earlier = cute.arch.shuffle_sync_up(scale_rows, offset=1 << step)
+            earlier = submission.shuffle_up(scale_rows, 1 << step)
             if lane >= (1 << step):
                 scale_rows = scale_rows + earlier
         if g < num_groups:

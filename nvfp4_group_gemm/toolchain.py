@@ -27,6 +27,10 @@ import sys
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
 
+# The nvidia-cutlass-dsl releases every check runs under (the compile tests in CI, scripts/gpu-check.sh on a GPU):
+# the lowest pyproject.toml accepts (the leaderboard runner's) and the newest below its upper bound.
+CHECKED_DSL_RELEASES = ("4.5.2", "4.8.1")
+
 CACHE_ENV = "NVFP4_GROUP_GEMM_CACHE"
 CACHE_OFF = ("off", "0", "no", "false")
 WHEEL_PTXAS = Path("cu13") / "bin" / "ptxas"  # inside the nvidia namespace package (nvidia-cuda-nvcc)

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Everything this project checks on a CUDA machine, in one go (for a lent GPU:
-# one call, logs under $OUT). Usage, from the repository root:
+# one call, logs under $OUT), under every nvidia-cutlass-dsl release pyproject.toml
+# accepts (toolchain.CHECKED_DSL_RELEASES): a miscompile of one release fails that
+# release's steps. Usage, from the repository root:
 #   bash scripts/gpu-check.sh            # OUT defaults to ./gpu-check-out
-# Exits 0 only if every step passed; the last line says which steps failed.
+# Exits 0 only if every step passed; the last line says which steps failed, each
+# named STEP@RELEASE (logs STEP-RELEASE.log).
 # GPU_CHECK_STEPS picks steps (default: all, in this order): smi pytest eval overhead moe
 # memcheck racecheck synccheck protocol -- e.g. two calls on one warm machine when one call's time is short.
+# GPU_CHECK_RELEASES picks releases (default: every checked one); each comes from an archive, a folder or the
+# installed DSL (scripts/cutedsl-env.sh, use_cutedsl_release), and a release not found fails as dsl@RELEASE.
 # racecheck passes when every race it reports is the pattern scripts/racecheck_pattern.py shows it
 # cannot see (scripts/racecheck_verdict.py reads the log; kernels compiled with line information).
-# If .cutedsl/cutedsl-*.tar.xz is present (../shared/tools/pack-cutedsl), it is
-# unpacked first for machines without nvidia-cutlass-dsl and without a package index.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
@@ -29,46 +32,53 @@ step() {
 wants() { [[ $steps == *" $1 "* ]]; }
 
 wants smi && step smi smi.log nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm --format=csv
-step versions versions.log python3 -c "import torch, cutlass; print('torch', torch.__version__, 'cutlass-dsl', cutlass.__version__)"
-# bounded: a hanging kernel (an untimed form) must leave time for the steps after it. PYTEST_ARGS (default
-# tests) narrows it, e.g. to tests/test_gpu.py when little device time is left (CI runs the CPU tests).
-wants pytest && step pytest pytest.log timeout "${PYTEST_TIMEOUT:-420}" \
-  python3 -m pytest -q -rfEs --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-tests}
-wants eval && step eval eval.log python3 eval.py
-wants overhead && step overhead overhead.log python3 eval.py overhead
-wants moe && step moe moe.log python3 eval.py moe
+releases=${GPU_CHECK_RELEASES:-$(python3 -c "from nvfp4_group_gemm.toolchain import CHECKED_DSL_RELEASES as r; print(*r)")}
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for tool in memcheck racecheck synccheck; do
-  wants $tool || continue
-  if [ ! -x "$sanitizer" ]; then
-    echo "=== FAILED: compute-sanitizer not found, $tool not run"; failed+=($tool); continue
-  fi
-  case $tool in
-    memcheck|synccheck)
-      step $tool $tool.log "$sanitizer" --tool $tool --report-api-errors no --error-exitcode 9 \
-        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe ;;
-    racecheck)
-      # the pattern alone first: its log shows what racecheck says of it, and that the verdict places its lines
-      step racecheck-pattern racecheck-pattern.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
-        python3 -W ignore scripts/racecheck_pattern.py plain
-      step racecheck racecheck.log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
-        python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe
-      step racecheck-verdict racecheck-verdict.log python3 scripts/racecheck_verdict.py "$OUT/racecheck.log" ;;
-  esac
-done
-if wants protocol; then
-  for mode in test benchmark; do
-    file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt
-    POPCORN_FD=3 python3 eval.py $mode $file 3>"$OUT/popcorn-$mode.txt"
-    rc=$?
-    echo "=== protocol $mode: exit $rc"; cat "$OUT/popcorn-$mode.txt"
-    # the leaderboard reads the verdict from the protocol output, not from the exit status
-    if [ $rc -ne 0 ] || ! grep -qx 'check: pass' "$OUT/popcorn-$mode.txt"; then
-      echo "=== FAILED: protocol $mode"; failed+=("protocol-$mode")
+for release in $releases; do
+  echo; echo "=== nvidia-cutlass-dsl $release"
+  if ! use_cutedsl_release "$release"; then failed+=("dsl@$release"); continue; fi
+  at=@$release log=-$release.log
+  step versions$at versions$log python3 -c "import torch, cutlass; print('torch', torch.__version__, 'cutlass-dsl', cutlass.__version__)"
+  # bounded: a hanging kernel (an untimed form) must leave time for the steps after it. PYTEST_ARGS (default
+  # tests) narrows it, e.g. to tests/test_gpu.py when little device time is left (CI runs the CPU tests).
+  wants pytest && step pytest$at pytest$log timeout "${PYTEST_TIMEOUT:-420}" \
+    python3 -m pytest -q -rfEs --durations=12 -p no:cacheprovider ${PYTEST_ARGS:-tests}
+  wants eval && step eval$at eval$log python3 eval.py
+  wants overhead && step overhead$at overhead$log python3 eval.py overhead
+  wants moe && step moe$at moe$log python3 eval.py moe
+  for tool in memcheck racecheck synccheck; do
+    wants $tool || continue
+    if [ ! -x "$sanitizer" ]; then
+      echo "=== FAILED: compute-sanitizer not found, $tool not run"; failed+=($tool$at); continue
     fi
+    case $tool in
+      memcheck|synccheck)
+        step $tool$at $tool$log "$sanitizer" --tool $tool --report-api-errors no --error-exitcode 9 \
+          python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe ;;
+      racecheck)
+        # the pattern alone first: its log shows what racecheck says of it, and that the verdict places its lines
+        step racecheck-pattern$at racecheck-pattern$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
+          python3 -W ignore scripts/racecheck_pattern.py plain
+        step racecheck$at racecheck$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
+          python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe
+        step racecheck-verdict$at racecheck-verdict$log python3 scripts/racecheck_verdict.py "$OUT/racecheck$log" ;;
+    esac
   done
-fi
+  if wants protocol; then
+    for mode in test benchmark; do
+      file=cases/tests.txt; [ $mode = benchmark ] && file=cases/benchmarks.txt
+      result=$OUT/popcorn-$mode-$release.txt
+      POPCORN_FD=3 python3 eval.py $mode $file 3>"$result"
+      rc=$?
+      echo "=== protocol $mode$at: exit $rc"; cat "$result"
+      # the leaderboard reads the verdict from the protocol output, not from the exit status
+      if [ $rc -ne 0 ] || ! grep -qx 'check: pass' "$result"; then
+        echo "=== FAILED: protocol $mode$at"; failed+=("protocol-$mode$at")
+      fi
+    done
+  fi
+done
 echo
-if [ ${#failed[@]} -eq 0 ]; then echo "=== gpu-check: pass (steps:$steps)"; exit 0; fi
+if [ ${#failed[@]} -eq 0 ]; then echo "=== gpu-check: pass (steps:$steps; nvidia-cutlass-dsl $releases)"; exit 0; fi
 echo "=== gpu-check: FAILED: ${failed[*]}"
 exit 1

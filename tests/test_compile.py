@@ -547,6 +547,34 @@ def test_the_moe_forms_read_nothing_before_their_waits(report):
                                    "and the global scales alone")
 
 
+def test_every_lane_shuffle_reads_the_lane_it_names(report):
+    """A lane shuffle whose clamp is not its segment's bound compiles and keeps lanes' own values: DSL releases
+    before 4.8 pass shfl.sync.up a clamp of 31 by default, under which the MoE form's scans of offs move nothing
+    (every group but each round's first empty). No kernel or builder, of either DSL release, has such a shuffle;
+    the MoE form's builder scans offs with shfl.sync.up (the check has something to check)."""
+    for k in report["kernels"]:
+        for key in ("ptx_features", "builder_ptx_features", "offsets_builder_ptx_features"):
+            assert k.get(key, {}).get("misclamped_shuffles", []) == [], (k["config"], k["cutlass_dsl"], key)
+    moe = next(k for k in report["kernels"] if k["config"] == compile_gate.kernel_name(submission.MOE_CONFIG))
+    assert moe["offsets_builder_ptx_features"]["shuffles_up"] > 0
+
+
+def test_the_gate_finds_a_shuffle_whose_clamp_keeps_lanes_own_values():
+    """`compile_gate.misclamped_shuffles` on PTX lines as the DSL releases write them."""
+    good = ("shfl.sync.up.b32 \t%r301, %r1368, 1, 0, -1;\n"
+            "shfl.sync.bfly.b32\t%r346, %r1369, 16, 31, -1;\n"
+            "shfl.sync.idx.b32 %r1, %r2, 31, 0x1f, -1;\n"
+            "shfl.sync.down.b32 %r5|%p1, %r6, 2, 31, -1;\n"
+            "shfl.sync.up.b32 %r7, %r8, 1, 0x1800, -1;\n"  # an 8-lane segment (CUDA's width 8), clamp 0
+            "shfl.sync.up.b32 %r7, %r8, 1, %r9, -1;\n")  # a clamp in a register: not judged
+    assert compile_gate.misclamped_shuffles(good) == []
+    bad = ("shfl.sync.up.b32\t%r301, %r1368, 1, 31, -1;\n"  # DSL 4.5.2's shuffle_sync_up
+           "shfl.sync.bfly.b32 %r346, %r1369, 16, 0, -1;\n")
+    assert compile_gate.misclamped_shuffles(bad) == ["shfl.sync.up.b32 %r301, %r1368, 1, 31, -1;",
+                                                     "shfl.sync.bfly.b32 %r346, %r1369, 16, 0, -1;"]
+    assert compile_gate.ptx_features(good + bad)["shuffles_up"] == 4
+
+
 def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():
     """Roles are one frozen value; the arrive counts derive from it, and a kernel refuses roles that would hang."""
     roles = submission.SM100_ROLES

@@ -257,6 +257,17 @@ def test_each_moe_form_is_its_leaderboard_form_reading_its_groups_from_offs(repo
         assert not early, f"{name}: read before griddepcontrol.wait: {early}"
 
 
+def test_every_lane_shuffle_reads_the_lane_it_names(report):
+    """No Hopper kernel, of either DSL release, has a lane shuffle whose clamp keeps lanes' own values (under
+    DSL 4.5.2's default clamp for shfl.sync.up, the MoE forms' scans of offs moved nothing and their results
+    were wrong); each MoE form scans offs with shfl.sync.up."""
+    for k in report["kernels"]:
+        assert k["ok"], k
+        assert k["ptx_features"]["misclamped_shuffles"] == [], (k["config"], k["cutlass_dsl"])
+        assert k.get("builder_ptx_features", {}).get("misclamped_shuffles", []) == [], k["config"]
+        assert (k["ptx_features"]["shuffles_up"] > 0) == ("-offs" in k["config"]), k["config"]
+
+
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     """`eval.py sweep --diagnose` variants (timing only; each Diagnostic gives wrong results by design; the
     no-pdl form is exact): each is the default form with one part left out or moved, and its PTX shows it

@@ -13,14 +13,20 @@ import pytest
 from conftest import ROOT
 
 
-def gpu_check(tmp_path, smi_exit: int) -> subprocess.CompletedProcess:
+def installed_dsl() -> str:
+    return subprocess.run([sys.executable, "-c", "import cutlass; print(cutlass.__version__)"],
+                          capture_output=True, text=True, timeout=120).stdout.strip()
+
+
+def gpu_check(tmp_path, smi_exit: int, releases: str = None, **env) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\necho stand-in nvidia-smi\nexit {smi_exit}\n")
     smi.chmod(0o755)
     env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECK_STEPS="smi",
-               PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+               GPU_CHECK_RELEASES=releases or installed_dsl(),
+               PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", **env)
     return subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -36,6 +42,25 @@ def test_gpu_check_passes_when_its_steps_pass(tmp_path):
     done = gpu_check(tmp_path, smi_exit=0)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("=== gpu-check: pass")
+    assert f"cutlass-dsl {installed_dsl()}" in (tmp_path / "out" / f"versions-{installed_dsl()}.log").read_text()
+
+
+def test_gpu_check_fails_a_release_it_cannot_find(tmp_path):
+    """A release with no archive, folder or install is a failed step that says what to do, not a skipped one."""
+    done = gpu_check(tmp_path, smi_exit=0, releases=f"{installed_dsl()} 0.0.1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "=== gpu-check: FAILED: dsl@0.0.1"
+    assert "nvidia-cutlass-dsl 0.0.1 not found" in done.stderr and "pack-cutedsl 0.0.1" in done.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("NVFP4_EXTRA_CUTLASS_DSL"), reason="needs NVFP4_EXTRA_CUTLASS_DSL (CI sets it)")
+def test_gpu_check_runs_its_steps_under_each_release(tmp_path):
+    """Each release's steps import that release (CI's second release from NVFP4_EXTRA_CUTLASS_DSL)."""
+    from nvfp4_group_gemm import toolchain
+    done = gpu_check(tmp_path, smi_exit=0, releases=" ".join(toolchain.CHECKED_DSL_RELEASES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for release in toolchain.CHECKED_DSL_RELEASES:
+        assert f"cutlass-dsl {release}\n" in (tmp_path / "out" / f"versions-{release}.log").read_text()
 
 
 # ---- every other script: it parses; those that run on a CPU, run ----------------------------------------

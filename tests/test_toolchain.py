@@ -124,3 +124,22 @@ def test_compile_needs_no_toolkit_compiles_only_what_a_shape_needs_and_reuses_it
     assert [{k: v for k, v in row.items() if k not in volatile} for row in report["kernels"]] == \
            [{k: v for k, v in row.items() if k not in volatile} for row in again["kernels"]]
     assert report["kernels"][0]["ptxas"] == toolchain.wheel_ptxas()
+
+
+def test_the_checked_dsl_releases_span_what_pyproject_accepts():
+    """Every check runs under toolchain.CHECKED_DSL_RELEASES (CI's compile tests: the installed release and
+    NVFP4_EXTRA_CUTLASS_DSL; scripts/gpu-check.sh: each in turn): the lowest is pyproject.toml's lower bound,
+    each is accepted, and CI installs the lowest beside the installed one."""
+    import re
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+    text = (ROOT / "pyproject.toml").read_text()
+    (spec,) = re.findall(r'"nvidia-cutlass-dsl([^"]+)"', text)
+    accepted = SpecifierSet(spec)
+    releases = toolchain.CHECKED_DSL_RELEASES
+    assert list(releases) == sorted(releases, key=Version) and len(releases) >= 2
+    assert all(release in accepted for release in releases), (spec, releases)
+    (lowest,) = [s.version for s in accepted if s.operator == ">="]
+    assert releases[0] == lowest
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"nvidia-cutlass-dsl=={releases[0]} nvidia-cutlass-dsl-libs-base=={releases[0]}" in ci
