@@ -15,8 +15,8 @@ from nvfp4_group_gemm.casefile import (BENCHMARKS_FILE, SHAPE_RULES, SPEC_EXAMPL
                                        MalformedTestFile, TestCase, parse_shape, problem_sizes_of, read_test_file)
 from nvfp4_group_gemm.compile_gate import compile_gate, compile_one_main, contract_shape_sets, task_shape_sets
 from nvfp4_group_gemm.harness import clone_data, flush_description, load_submission
-from nvfp4_group_gemm.measure import (Stats, b200_speed_of_light_ns, flops_of, geometric_mean, run_single_benchmark,
-                                      run_single_test, short_spec)
+from nvfp4_group_gemm.measure import (Card, Stats, b200_speed_of_light_ns, card_of, floor_us, flops_of,
+                                      geometric_mean, run_single_benchmark, run_single_test, short_spec)
 
 EXIT_OK, EXIT_BAD_ARGS, EXIT_FAILED = 0, 2, 112
 # How the user typed the command: "python eval.py" in a checkout, "nvfp4-group-gemm" installed (eval.run sets it).
@@ -115,7 +115,9 @@ def human_benchmarks(cases: list) -> list:
     return rows
 
 
-def print_report(rows: list, path: str):
+def print_report(rows: list, path: str, card: Optional[Card] = None):
+    """Tests and benchmarks as `human_tests` and `human_benchmarks` found them; with `card` (not a B200), each
+    benchmark's floor on it and the share of it reached (`measure.floor_us`)."""
     tests = [r for r in rows if r["kind"] == "test"]
     benches = [r for r in rows if r["kind"] == "benchmark"]
     if tests:
@@ -128,19 +130,26 @@ def print_report(rows: list, path: str):
     if benches:
         print(f"\nTiming: the leaderboard's loop, GPU time per call (15 inputs back to back per sample); L2 flush: "
               f"{flush_description()}.")
+        local = card if card and card.name != "B200" else None
         print(f"\nBenchmarks, path {path} (% SOL: share of the B200 speed of light; "
-              "below 100 % means slower than a B200 could be):")
+              "below 100 % means slower than a B200 could be" + (
+                  f"; % floor: share of the {local.name}'s floor, the longer of the FLOPs at "
+                  f"{local.flops_per_s / 1e12:.0f} TFLOP/s and the bytes at {local.bytes_per_s / 1e12:.2f} TB/s"
+                  if local else "") + "):")
         print(f"  {'#':>2} {'status':<6} {'mean us':>9} {'best us':>9} {'TFLOP/s':>8} "
-              f"{'SOL us':>7} {'% SOL':>6}  shape")
+              f"{'SOL us':>7} {'% SOL':>6}" + (f" {'floor us':>8} {'% floor':>7}" if local else "") + "  shape")
         means = []
         for r in benches:
             sol_us = b200_speed_of_light_ns(r["sizes"]) / 1e3
             if r["ok"]:
                 s = r["stats"]
                 means.append(s.mean)
+                floor = floor_us(r["sizes"], local) if local else None
                 print(f"  {r['index']:>2} {'ok':<6} {s.mean / 1e3:>9.2f} {s.best / 1e3:>9.2f} "
                       f"{flops_of(r['sizes']) / s.mean / 1e3:>8.1f} {sol_us:>7.3f} "
-                      f"{100 * sol_us * 1e3 / s.mean:>6.2f}  {short_spec(r['sizes'])}")
+                      f"{100 * sol_us * 1e3 / s.mean:>6.2f}"
+                      + (f" {floor:>8.2f} {100 * floor * 1e3 / s.mean:>6.1f}%" if local else "")
+                      + f"  {short_spec(r['sizes'])}")
             else:
                 print(f"  {r['index']:>2} {'FAIL':<6} {'':>9} {'':>9} {'':>8} {sol_us:>7.3f} "
                       f"{'':>6}  {short_spec(r['sizes'])}\n       {r['message'][:600]}")
@@ -202,7 +211,7 @@ def command_run(options) -> int:
     else:
         path = load_submission().code_path(torch.device("cuda"))
         rows = human_tests(test_cases) + human_benchmarks(bench_cases)
-        print_report(rows, path)
+        print_report(rows, path, card_of(torch.cuda.get_device_name()))
         failed |= not all(r["ok"] for r in rows)
         if bench_cases and path != "b200-tcgen05":
             from nvfp4_group_gemm.peers import print_peers

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from typing import NamedTuple, Optional
 
 from nvfp4_group_gemm.harness import NUM_INPUTS_PER_BENCHMARK, benchmark_inputs, clone_data, flush_l2, load_submission
 
@@ -60,6 +61,30 @@ def geometric_mean(values) -> float:
 
 def b200_speed_of_light_ns(sizes) -> float:
     return 1e9 * max(flops_of(sizes) / B200_FP4_FLOPS, dram_bytes_of(sizes) / B200_DRAM_BYTES_PER_S)
+
+
+class Card(NamedTuple):
+    """A GPU's floor rates for this task: the dense multiply rate its kernel runs at (Hopper: fp16 wgmma, the
+    FP4 operands converted; the B200: FP4) and its HBM bandwidth, both from NVIDIA's data sheets."""
+    name: str
+    flops_per_s: float
+    bytes_per_s: float
+
+
+CARDS = (Card("B200", B200_FP4_FLOPS, B200_DRAM_BYTES_PER_S),
+         Card("H200", 989e12, 4.8e12),  # SXM: fp16 dense 989 TFLOP/s, 4.8 TB/s
+         Card("H100", 989e12, 3.35e12))  # SXM (HBM3): fp16 dense 989 TFLOP/s, 3.35 TB/s
+
+
+def card_of(device_name: str) -> Optional[Card]:
+    """The card a device name (torch.cuda.get_device_name) names, or None (no floor known)."""
+    return next((card for card in CARDS if card.name in device_name), None)
+
+
+def floor_us(sizes, card: Card) -> float:
+    """The shape set's floor on `card`: its real FLOPs at the card's multiply rate, or its operand and output
+    bytes (`dram_bytes_of`) at its HBM bandwidth, whichever takes longer."""
+    return 1e6 * max(flops_of(sizes) / card.flops_per_s, dram_bytes_of(sizes) / card.bytes_per_s)
 
 
 # =============================================================================

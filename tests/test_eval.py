@@ -262,3 +262,31 @@ def test_moe_checks_the_op_on_the_tasks_uniform_shape_sets():
     assert all(r[3] == "ok" and r[2] in ("kernel", "portable") for r in rows), done.stdout
     if not HAS_CUDA:
         assert all(r[2] == "portable" for r in rows)
+
+
+def test_the_benchmark_table_gives_each_shapes_share_of_the_cards_floor(capsys, monkeypatch):
+    """On a Hopper card each benchmark's floor: the longer of its FLOPs at the fp16 dense rate and its bytes at
+    the HBM bandwidth (benchmark 0 on an H100: 60.1 GFLOP at 989 TFLOP/s, 60.8 us; decode's M = 16 per group:
+    the weights' bytes at 3.35 TB/s)."""
+    from nvfp4_group_gemm import cli, measure
+    h100 = measure.card_of("NVIDIA H100 80GB HBM3")
+    assert h100.name == "H100" and measure.card_of("NVIDIA H200").name == "H200"
+    assert measure.card_of("NVIDIA B200").name == "B200" and measure.card_of("NVIDIA A100-SXM4-80GB") is None
+    bench0 = [(m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160)]
+    assert measure.floor_us(bench0, h100) == pytest.approx(2 * 1024 * 4096 * 7168 / 989e12 * 1e6)
+    decode = [(16, 4096, 7168, 1)] * 8
+    weights = 8 * (4096 * 7168 // 2 + 4096 * 7168 // 16)
+    assert measure.floor_us(decode, h100) == pytest.approx(1e6 * (weights + 8 * (16 * 7168 * 9 // 16 + 2 * 16 * 4096))
+                                                           / 3.35e12)
+    assert 39 < measure.floor_us(decode, h100) < 40  # the weights' 132 MB dominate
+    floor = measure.floor_us(bench0, h100)
+    stats = measure.Stats(runs=10, mean=2 * floor * 1e3, std=0.0, err=0.0, best=floor * 1e3, worst=floor * 1e3)
+    rows = [{"kind": "benchmark", "index": 0, "spec": "", "sizes": bench0, "ok": True, "stats": stats}]
+    monkeypatch.setattr(cli, "flush_description", lambda: "a stand-in flush")  # the CPU has no GPU memory to ask
+    cli.print_report(rows, "sm90-wgmma", h100)
+    out = capsys.readouterr().out
+    assert "% floor" in out and "H100's floor" in out
+    (line,) = [l for l in out.splitlines() if l.strip().startswith("0 ok")]
+    assert f"{floor:.2f}" in line and " 50.0%" in line
+    cli.print_report(rows, "b200-tcgen05", measure.card_of("NVIDIA B200"))  # the B200: % SOL alone
+    assert "% floor" not in capsys.readouterr().out
