@@ -15,6 +15,7 @@ In a checkout, the leaderboard's files (`submission.py`, `task.py`,
 expects; this package reaches them as `nvfp4_group_gemm.submission` and so on.
 """
 import importlib
+import sys
 
 # name -> (module, attribute): the public names, imported on first use
 _EXPORTS = {
@@ -31,6 +32,12 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+# The torch ops (torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4 and ..._out) exist once `moe` is imported. Where
+# torch is imported already, its user gets them with the package (code calling them through torch.ops, a
+# compiled graph naming them); a command-line tool that imports the package first stays free of torch.
+if "torch" in sys.modules:
+    importlib.import_module(f"{__name__}.moe")
 
 
 def __getattr__(name):

@@ -63,12 +63,6 @@ def worst_case_scale_rows(tokens: int, experts: int) -> int:
     return BLOCK_ROWS * ((tokens + (BLOCK_ROWS - 1) * min(experts, tokens)) // BLOCK_ROWS)
 
 
-def scale_rows_used(offs: torch.Tensor) -> int:
-    """P_E for this routing (reads offs on the host)."""
-    ends = [0] + offs.tolist()
-    return sum(round_up(end - start, BLOCK_ROWS) for start, end in zip(ends, ends[1:]))
-
-
 class Problem:
     """The checked metadata of one call: T, N, K, E, B as (E, N, K/2) and the buffers' widths."""
 
@@ -137,6 +131,8 @@ class Problem:
             if scale is not None and (scale.dtype != torch.float32 or scale.shape not in ((), (self.experts,))):
                 fail(name, f"dtype {scale.dtype} shape {tuple(scale.shape)}: expected float32 () or "
                      f"({self.experts},)")
+        if out is not None and out.dtype not in OUT_DTYPES:
+            fail("out", f"dtype {out.dtype}: expected torch.bfloat16 or torch.float16")
         if out_dtype not in OUT_DTYPES:
             fail("out_dtype", f"{out_dtype}: expected torch.bfloat16 or torch.float16")
         if out is not None and (out.dtype != out_dtype or out.shape != (self.tokens, self.n)
@@ -152,12 +148,17 @@ def check_offsets(offs: torch.Tensor, tokens: int, a_scale: torch.Tensor, width:
     if offs.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("grouped_mm_nvfp4: validate=True reads offs on the host, which a CUDA graph capture "
                            "cannot: validate outside the capture")
-    values = offs.tolist()
+    check_offset_values(offs.tolist(), tokens, a_scale, width)
+
+
+def check_offset_values(values: list, tokens: int, a_scale: torch.Tensor, width: int) -> None:
+    """offs as read on the host: non-decreasing from 0, at most T, a_scale long enough for its P_E rows."""
     if any(v < 0 for v in values[:1]) or any(b < a for a, b in zip(values, values[1:])):
         raise ValueError(f"grouped_mm_nvfp4: offs: {values}: expected non-decreasing cumulative ends from 0")
     if values and values[-1] > tokens:
         raise ValueError(f"grouped_mm_nvfp4: offs: the last group ends at row {values[-1]}, a has {tokens} rows")
-    used = scale_rows_used(offs) * width
+    ends = [0] + values
+    used = sum(round_up(end - start, BLOCK_ROWS) for start, end in zip(ends, ends[1:])) * width
     if a_scale.numel() < used:
         raise ValueError(f"grouped_mm_nvfp4: a_scale: {a_scale.numel()} bytes, this routing's blocks need {used}")
 
@@ -219,10 +220,13 @@ def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out
     t, n, k, e, width = problem.tokens, problem.n, problem.k, problem.experts, problem.width
     if t == 0:
         return
+    grouped_mm = a.is_cuda and torch.cuda.get_device_capability(a.device) in GROUPED_MM_DEVICES
+    if not grouped_mm:  # the loop below reads offs on the host: check it there, as validate=True does
+        ends = offs.tolist()
+        check_offset_values(ends, t, a_scale, width)
     group, scale_row, starts = group_rows(offs, t)
     # bf16 holds every dequantized value exactly (at most 6 significant bits): the GPU path keeps them so,
     # expert by expert (2 bytes an element of B at its peak, not fp32's 4 and a bf16 copy)
-    grouped_mm = a.is_cuda and torch.cuda.get_device_capability(a.device) in GROUPED_MM_DEVICES
     dtype = torch.bfloat16 if grouped_mm else torch.float32
     a_bytes = a_scale.reshape(-1).view(torch.uint8)
     a_values = decode(a, a_bytes[scale_offsets(scale_row, k // SF_VEC_SIZE, width)]).to(dtype)
@@ -240,7 +244,7 @@ def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out
         result = torch._grouped_mm(a_values, b_values.transpose(1, 2), offs=offs).float()
     else:  # the CPU (and GPUs torch._grouped_mm runs only through a host fallback: the sizes read here)
         result = torch.zeros(t, n, dtype=torch.float32, device=a.device)
-        for x, (start, end) in enumerate(zip(starts.tolist(), offs.tolist())):
+        for x, (start, end) in enumerate(zip(starts.tolist(), ends)):
             if end > start:
                 result[start:end] = a_values[start:end] @ b_values[x].t()
     result = result * alpha[group.clamp(max=e - 1)].view(-1, 1)
@@ -412,7 +416,7 @@ def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: to
 def _grouped_mm_out(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
                     offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
                     out: torch.Tensor) -> None:
-    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out.dtype, out, validated=True)
+    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out.dtype, out)
     run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
 
 
@@ -425,7 +429,7 @@ def _(a, b, a_scale, b_scale, offs, a_global, b_global, out) -> None:
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
                 offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
                 out_dtype: torch.dtype) -> torch.Tensor:
-    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None, validated=True)
+    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None)
     out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
     run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     return out
@@ -469,8 +473,12 @@ def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.T
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=validate)
-    if validate:
+    if validate:  # this routing checked on the host: a_scale may be as short as its blocks (torch's tests')
         check_offsets(offs, problem.tokens, a_scale, problem.width)
+        if out is None:
+            out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
+        run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
+        return out
     if out is None:
         return torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4(a, b, a_scale, b_scale, offs, a_global, b_global,
                                                            out_dtype)

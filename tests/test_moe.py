@@ -133,6 +133,8 @@ MALFORMED = [
     ("out", lambda a: dict(a, out=torch.empty(3, 3, dtype=torch.bfloat16)), "out: torch.bfloat16 (3, 3)"),
     ("out_dtype", lambda a: dict(a, out_dtype=torch.float32), "out_dtype: torch.float32"),
     ("a", lambda a: dict(a, a=[[0]]), "a: expected a torch.Tensor, got list"),
+    # out's dtype, named as out's when out_dtype was never passed
+    ("out", lambda a: dict(a, out=torch.empty(60, 256)), "out: dtype torch.float32: expected torch.bfloat16"),
 ]
 
 
@@ -149,6 +151,48 @@ def test_validate_reads_offs_and_refuses_what_the_kernel_cannot_check():
     for bad, why in (([40, 20, 60], "non-decreasing"), ([40, 40, 61], "ends at row 61, a has 60 rows")):
         with pytest.raises(ValueError, match=why):
             moe.grouped_mm_nvfp4(**dict(args, offs=torch.tensor(bad, dtype=torch.int32)), validate=True)
+
+
+def test_the_torch_ops_check_the_scale_buffers_length_as_the_wrapper_does():
+    """Called through torch.ops (as a compiled graph calls it), a short a_scale is refused naming it, before
+    anything runs: its worst-case length is known on the host."""
+    args, _ = routed((40, 0, 20))
+    positional = [args[k] for k in ("a", "b", "a_scale", "b_scale", "offs", "a_global", "b_global")]
+    positional[2] = args["a_scale"][:128]
+    with pytest.raises(ValueError, match="grouped_mm_nvfp4: a_scale: .* may need up to"):
+        torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4(*positional, torch.bfloat16)
+    out = torch.full((60, 256), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="grouped_mm_nvfp4: a_scale: .* may need up to"):
+        torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4_out(*positional, out)
+    assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("offs,why", [([50, 20, 60], "non-decreasing"), ([-5, 20, 60], "non-decreasing"),
+                                      ([40, 40, 61], "ends at row 61, a has 60 rows")])
+def test_the_portable_path_checks_offs_where_it_reads_it_on_the_host(offs, why):
+    """On the CPU the portable path reads offs on the host anyway: malformed offs is an error naming it (it gave
+    results off by up to 124, silently), and out is left as it was."""
+    args, _ = routed((40, 0, 20))
+    out = torch.full((60, 256), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="grouped_mm_nvfp4: offs: .*" + why):
+        moe.grouped_mm_nvfp4(**dict(args, offs=torch.tensor(offs, dtype=torch.int32)), out=out)
+    assert (out == 7.0).all()
+
+
+def test_the_torch_ops_exist_once_the_package_is_imported_after_torch():
+    """Code calling the op through torch.ops (or loading a graph naming it) needs only `import nvfp4_group_gemm`;
+    a tool importing the package before torch still imports no torch."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    ops = subprocess.run([sys.executable, "-c", "import torch, nvfp4_group_gemm; "
+                          "print(torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4, "
+                          "torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4_out)"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ops.returncode == 0 and "grouped_mm_nvfp4_out" in ops.stdout, ops.stderr[-2000:]
+    light = subprocess.run([sys.executable, "-c", "import sys, nvfp4_group_gemm; print('torch' in sys.modules)"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert light.stdout.strip() == "False", light.stderr[-2000:]
 
 
 class ToyExperts(torch.nn.Module):
