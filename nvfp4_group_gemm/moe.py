@@ -318,7 +318,7 @@ class KernelPlan:
     `submission.table_offsets` order, then the tile count after the sizes), the grid (for the most tiles any
     routing of `tokens` over E experts can make, so of any fewer) and the launches. Each call waits for the
     kernel before it (the previous call's), so calls in stream order share them, and another stream has its
-    own; a CUDA graph keeps using them, so a plan is never freed.
+    own; a CUDA graph keeps using them, so a plan launched in a capture is kept (`PlanCache`).
 
     Two launch shapes: one kernel per call where the kernel class computes the groups from offs itself
     (`one_kernel_offsets`: hopper.py's, which makes the descriptors of the stacked tokens and weights in its
@@ -342,6 +342,7 @@ class KernelPlan:
                                                 submission.sm_count(device_index) // c.cta_group) for c in configs]
         self.experts, self.n, self.k = experts, n, k
         self.stream = stream
+        self.captured = submission.stream_capturing()  # launched in a capture: a graph may replay it
         self.one_kernel = compiled[0].build_tensormaps is None
         if self.one_kernel:
             from . import hopper
@@ -369,6 +370,8 @@ class KernelPlan:
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
         """On the plan's stream: the kernel (or kernels), or the builder (tables, alphas and descriptors from
         `offs` and the global scales), then the GEMM."""
+        from . import submission
+        self.captured = self.captured or submission.stream_capturing()
         scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
         counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
         if self.one_kernel:
@@ -386,7 +389,64 @@ class KernelPlan:
         self.gemm()
 
 
-_kernel_plans = {}
+    @property
+    def nbytes(self) -> int:
+        """Device memory it holds (its memory, and the B200 form's tables)."""
+        tables = getattr(self, "tables", None)
+        return self.memory.numel() * 8 + (tables.numel() * 8 if tables is not None else 0)
+
+
+class PlanCache:
+    """The KernelPlans kept between calls, by key, least recently used first. Plans never launched in a CUDA
+    graph capture are dropped, oldest first, while theirs is more than `limit` bytes (a plan's memory grows
+    with T x K: about 940 MB at 65,536 tokens and K = 7,168); a plan launched in a capture is kept until
+    `release_plans` (a graph's replays use it). Dropping one is safe while its kernel runs: its memory goes
+    back to torch's allocator on its stream, so only later work on that stream reuses it."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.plans = {}  # key -> KernelPlan, in use order (dicts keep insertion order)
+
+    def get(self, key):
+        plan = self.plans.pop(key, None)
+        if plan is not None:
+            self.plans[key] = plan  # now the most recently used
+        return plan
+
+    def add(self, key, plan):
+        self.plans[key] = plan
+        self.trim(keep=key)
+        return plan
+
+    def trim(self, keep=None) -> None:
+        droppable = [k for k, p in self.plans.items() if not p.captured and k != keep]
+        held = sum(self.plans[k].nbytes for k in droppable) + (
+            self.plans[keep].nbytes if keep in self.plans and not self.plans[keep].captured else 0)
+        for key in droppable:
+            if held <= self.limit:
+                break
+            held -= self.plans.pop(key).nbytes
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+
+_kernel_plans = PlanCache(limit=4 << 30)
+
+
+def set_plan_memory_limit(nbytes: int) -> None:
+    """At most `nbytes` of device memory in plans no CUDA graph captured (default 4 GiB; the plan a call needs
+    is kept whatever its size); the least recently used beyond it are dropped now and as new plans are made."""
+    if nbytes < 0:
+        raise ValueError(f"set_plan_memory_limit: nbytes: {nbytes}: expected 0 or more")
+    _kernel_plans.limit = nbytes
+    _kernel_plans.trim()
+
+
+def release_plans() -> None:
+    """Drop every plan, those CUDA graphs captured included: call it only when no graph that captured a call of
+    the op will replay again (the next call makes its plan anew)."""
+    _kernel_plans.clear()
 
 
 def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
@@ -398,7 +458,7 @@ def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_glob
         key = (index, stream, tuple(configs), problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
         plan = _kernel_plans.get(key)
         if plan is None:
-            plan = _kernel_plans[key] = KernelPlan(configs, index, stream, *key[3:])
+            plan = _kernel_plans.add(key, KernelPlan(configs, index, stream, *key[3:]))
         plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
 
 

@@ -469,3 +469,43 @@ def test_vllms_expert_offsets_view_is_taken_as_offs_without_a_copy():
     assert view.data_ptr() == expert_offsets.data_ptr() + 4
     expected = moe.grouped_mm_nvfp4(**args)
     assert torch.equal(moe.grouped_mm_nvfp4(**{**args, "offs": view}), expected)
+
+
+def test_plans_beyond_the_memory_limit_are_dropped_oldest_first_and_captured_ones_kept(monkeypatch, bound):
+    """Plan memory is bounded: the least recently used plans no capture launched go first once theirs passes
+    the limit; a plan launched in a CUDA graph capture stays until release_plans; the plan a call needs stays
+    whatever its size."""
+    from types import SimpleNamespace
+    cache = moe.PlanCache(limit=300)
+    plan = lambda nbytes, captured=False: SimpleNamespace(nbytes=nbytes, captured=captured)
+    cache.add("a", plan(100))
+    cache.add("captured", plan(1000, captured=True))
+    cache.add("b", plan(100))
+    cache.add("c", plan(100))
+    assert list(cache.plans) == ["a", "captured", "b", "c"]  # 300 bytes droppable: at the limit
+    assert cache.get("a") is not None  # now the most recent
+    cache.add("d", plan(100))
+    assert list(cache.plans) == ["captured", "c", "a", "d"]  # b, the least recently used, went
+    cache.add("huge", plan(5000))
+    assert list(cache.plans) == ["captured", "huge"]  # the call's own plan stays, whatever its size
+    cache.clear()
+    assert not cache.plans
+    # a KernelPlan knows whether a capture launched it
+    from nvfp4_group_gemm import hopper, submission
+    capturing = [False]
+    monkeypatch.setattr(submission, "compile_grouped_gemm",
+                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
+    monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
+    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
+    kernel_plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
+    assert kernel_plan.nbytes == kernel_plan.memory.numel() * 8 >= 256 * 512 * 2
+    args, _ = routed((72, 0, 129, 1))
+    out = torch.empty(202, 256, dtype=torch.float16)
+    kernel_plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
+    assert not kernel_plan.captured
+    capturing[0] = True
+    kernel_plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
+    capturing[0] = False
+    assert kernel_plan.captured
+    with pytest.raises(ValueError, match="nbytes: -1"):
+        moe.set_plan_memory_limit(-1)
