@@ -132,9 +132,10 @@ def protocol_main(argv: list) -> int:
     mode = argv[0]
     fd = os.getenv("POPCORN_FD")
     if not fd:
+        people = "benchmarks" if mode in ("benchmark", "leaderboard") else "tests"
         raise UsageError(f"{mode}: POPCORN_FD is not set. '{mode}' is a leaderboard protocol mode "
-                         f"(POPCORN_FD=3 python eval.py {mode} cases/tests.txt 3>result.txt); "
-                         "for the task's tests on this machine run 'python eval.py tests'")
+                         f"(POPCORN_FD=3 python eval.py {mode} cases/{people}.txt 3>result.txt); "
+                         f"for the task's {people} on this machine run 'python eval.py {people}'")
     if len(argv) != 2:
         raise UsageError(f"{mode}: expected one test file (POPCORN_FD=N python eval.py {mode} FILE), "
                          f"got {len(argv) - 1} arguments")

@@ -293,11 +293,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours ("tsets" is one from "tests")."""
+    rows = [list(range(len(b) + 1))] + [[i] + [0] * len(b) for i in range(1, len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
+    return rows[-1][-1]
+
+
 def unknown_command(word: str) -> str:
-    import difflib
-    close = (difflib.get_close_matches(word, PEOPLE_COMMANDS, n=1, cutoff=0.6)
-             or difflib.get_close_matches(word, PROTOCOL_MODES, n=1, cutoff=0.6))
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    """The error for a command that is none: the nearest command as a hint (the protocol modes only where
+    POPCORN_FD is set, without which they do not run), then the list."""
+    import os
+    candidates = PEOPLE_COMMANDS + (PROTOCOL_MODES if os.getenv("POPCORN_FD") else ())
+    distance, nearest = min((edit_distance(word.lower(), c), c) for c in candidates)
+    close = distance <= max(1 if len(word) < 4 else 2, len(word) // 3)
+    starting = [c for c in candidates if c.startswith(word.lower())]
+    if not close and len(starting) == 1:  # "bench"
+        close, nearest = True, starting[0]
+    hint = f"did you mean '{nearest}'? " if close else ""
     return (f"unknown command '{word}': {hint}commands are {', '.join(PEOPLE_COMMANDS)}, and the protocol modes "
             f"{', '.join(PROTOCOL_MODES)} (with POPCORN_FD); see {COMMAND} --help")
 

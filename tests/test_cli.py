@@ -32,6 +32,8 @@ def run_eval(*argv, env_extra=None, pass_fds=(), timeout=600):
 BAD_COMMAND_LINES = [
     (["test"], "POPCORN_FD is not set"),  # the protocol mode, typed for `tests`
     (["bench"], "unknown command 'bench': did you mean 'benchmarks'?"),
+    (["tsets"], "unknown command 'tsets': did you mean 'tests'?"),  # not the protocol mode, which needs POPCORN_FD
+    (["benchmark"], "for the task's benchmarks on this machine run 'python eval.py benchmarks'"),
     (["--shape", "garbage"], "'garbage' is not 'key: value'"),
     (["--shape", "m: [64]; n: [256]; k: [512]"], "missing g, seed"),
     (["--shape", "m: [64]; n: [256]; k: [100]; g: 1; seed: 7"], "group 0: K=100 is not a positive multiple of 256"),
