@@ -129,14 +129,34 @@ def _random_scales(l: int, rows: int, k: int) -> torch.Tensor:
     return codes.to(dtype=torch.float8_e4m3fn).permute(1, 2, 0)
 
 
+def check_shapes(m, n, k, g) -> None:
+    """ValueError naming the argument unless m, n and k are sequences of g integers, one per group, under the
+    task's rules (docs/contract.md): M at least 1, N a multiple of 128, K a multiple of 256."""
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise ValueError(f"generate_input: g: {g!r}: expected the number of groups, an integer of at least 1")
+    for name, values in (("m", m), ("n", n), ("k", k)):
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in values):
+            hint = f" (for one group: {name}=({values},))" if isinstance(values, int) else ""
+            raise ValueError(f"generate_input: {name}: {values!r}: expected a sequence of {g} integers, one per "
+                             f"group{hint}")
+        if len(values) != g:
+            raise ValueError(f"generate_input: {name}: {len(values)} values, g is {g}: one per group")
+    for group, (mi, ni, ki) in enumerate(zip(m, n, k)):
+        for name, value, rule, ok in (("m", mi, "at least 1", mi >= 1), ("n", ni, "a positive multiple of 128",
+                                                                           ni > 0 and ni % 128 == 0),
+                                      ("k", ki, "a positive multiple of 256", ki > 0 and ki % 256 == 0)):
+            if not ok:
+                raise ValueError(f"generate_input: {name}: group {group}: {value}, expected {rule}")
+
+
 def generate_input(m: tuple, n: tuple, k: tuple, g: int, seed: int, device=None) -> input_t:
     """The leaderboard's inputs for G groups of sizes (m[i], n[i], k[i], 1).
 
     The order of random draws below is the contract (docs/contract.md): do not reorder.
     """
+    check_shapes(m, n, k, g)
     device = torch.device(device) if device is not None else default_device()
-    if not (len(m) == len(n) == len(k) == g):
-        raise ValueError(f"m, n, k must each have g={g} entries, got {len(m)}, {len(n)}, {len(k)}")
     torch.manual_seed(seed)
     l = 1
     abc_tensors, sfasfb_tensors, sfasfb_reordered_tensors, problem_sizes = [], [], [], []

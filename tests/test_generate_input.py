@@ -71,3 +71,18 @@ def test_same_seed_same_tensors_other_seed_other_tensors():
 def test_mismatched_lists_are_rejected():
     with pytest.raises(ValueError):
         generate_input((64, 64), (128,), (256, 256), 2, seed=1, device="cpu")
+
+
+@pytest.mark.parametrize("args,says", [
+    (dict(m=64, n=(256,), k=(512,), g=1), "m: 64: expected a sequence of 1 integers, one per group (for one group: "
+                                          "m=(64,))"),
+    (dict(m=(64,), n=(200,), k=(512,), g=1), "n: group 0: 200, expected a positive multiple of 128"),
+    (dict(m=(64, 0), n=(256, 256), k=(512, 512), g=2), "m: group 1: 0, expected at least 1"),
+    (dict(m=(64,), n=(256,), k=(100,), g=1), "k: group 0: 100, expected a positive multiple of 256"),
+    (dict(m=(64, 1), n=(256,), k=(512,), g=2), "n: 1 values, g is 2"),
+    (dict(m=(64,), n=(256,), k=(512,), g=0), "g: 0: expected the number of groups"),
+])
+def test_shapes_outside_the_task_are_refused_naming_the_argument(args, says):
+    with pytest.raises(ValueError) as error:
+        generate_input(**args, seed=1, device="cpu")
+    assert str(error.value).startswith("generate_input: " + says), str(error.value)
