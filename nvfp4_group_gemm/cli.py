@@ -196,11 +196,13 @@ def command_run(options) -> int:
     import torch
     failed = False
     if not have_gpu:
-        narrowed = bool(options.shape) or options.case is not None
-        if narrowed:  # only the kernels these cases need
+        # `all`: every shape set and every kernel (the compile gate); else the chosen cases' and their kernels
+        narrowed = options.command != "all" or bool(options.shape) or options.case is not None
+        if options.shape:
+            shape_sets = [("--shape", problem_sizes_of(options.shape_args))]
+        elif narrowed:
             shape_sets = [(f"{kind}[{i}]", problem_sizes_of(case.args)) for kind, chosen in
                           (("tests", test_cases), ("benchmarks", bench_cases)) for i, case in chosen]
-            shape_sets = list({tuple(map(tuple, s)): (n, s) for n, s in shape_sets}.values())  # --shape: once
         else:
             shape_sets = task_shape_sets("all") + contract_shape_sets()
         print()

@@ -40,7 +40,8 @@ done
 echo "no top-level eval, task, reference, harness, submission, hopper, portable, hostbench"
 "$work/venv/bin/nvfp4-group-gemm" tests >"$work/tests.log" 2>&1 || {
     grep -E "FAIL|rror" "$work/tests.log" | head -20; tail -20 "$work/tests.log"; fail "nvfp4-group-gemm tests"; }
-grep -q '10 kernels, 38 shape sets, 0 failures' "$work/tests.log" || fail "nvfp4-group-gemm tests: the compile gate"
+# the tests' shape sets alone, and the kernels they need
+grep -Eq '^[0-9]+ kernels, 10 shape sets, 0 failures' "$work/tests.log" || fail "nvfp4-group-gemm tests: the compile gate"
 grep -q '(10/10 agree)' "$work/tests.log" || fail "nvfp4-group-gemm tests: the reference self-check"
-echo "nvfp4-group-gemm tests: exit 0, 10 kernels compiled, 10/10 agree"
+echo "nvfp4-group-gemm tests: exit 0, the tests' 10 shape sets planned and their kernels compiled, 10/10 agree"
 echo "=== fresh-machine-check: pass"

@@ -140,7 +140,18 @@ def test_cli_on_a_cpu_says_so_compiles_and_self_checks():
     out = done.stdout
     assert out.splitlines()[0].startswith("No CUDA GPU here: the B200 kernel cannot run.")
     assert "1 kernels, 1 shape sets, 0 failures" in out  # only the kernel the shape needs
+    assert "\n  --shape " in out and "benchmarks[0]" not in out  # the case is labelled as what it is
     assert "(1/1 agree)" in out and "Benchmarks skipped: timing needs a CUDA GPU." in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="checks what a CPU-only machine reports")
+def test_cli_benchmarks_on_a_cpu_plans_the_benchmarks_alone():
+    done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "benchmarks"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "planning 4 shape sets" in done.stdout and re.search(r"\d+ kernels, 4 shape sets, 0 failures", done.stdout)
+    assert "contract[" not in done.stdout and "tests[" not in done.stdout
 
 
 def test_cli_rejects_an_unknown_case_number():
