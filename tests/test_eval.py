@@ -273,6 +273,7 @@ def test_moe_checks_the_op_on_the_tasks_uniform_shape_sets():
     assert all(r[3] == "ok" and r[2] in ("kernel", "portable") for r in rows), done.stdout
     if not HAS_CUDA:
         assert all(r[2] == "portable" for r in rows)
+        assert "(benchmark 0 left out: N x K over 16,777,216, minutes on a CPU)" in done.stdout  # said, not silent
 
 
 def test_the_benchmark_table_gives_each_shapes_share_of_the_cards_floor(capsys, monkeypatch):
