@@ -381,4 +381,13 @@ def dispatch(argv: list) -> int:
         argv = ["all"] + argv  # `eval.py --shape SPEC` runs that case
     options = build_parser().parse_args(argv or ["all"])
     check_options(options)
-    return COMMANDS.get(options.command, command_run)(options)
+    try:
+        return COMMANDS.get(options.command, command_run)(options)
+    except (MemoryError, RuntimeError) as error:  # torch's OutOfMemoryError is a RuntimeError
+        text = str(error)
+        if not isinstance(error, MemoryError) and "out of memory" not in text and "allocate" not in text:
+            raise
+        what = f"--shape {options.shape!r}" if getattr(options, "shape", None) else "the chosen cases"
+        print(f"\n{COMMAND.split()[-1]}: {options.command}: {what} needs more memory than this machine gave: "
+              f"{text.strip().splitlines()[-1][:300]}", file=sys.stderr, flush=True)
+        return EXIT_FAILED

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import ROOT
 from nvfp4_group_gemm import eval as evaluation
@@ -158,3 +159,13 @@ def test_the_console_command_speaks_its_own_name(tmp_path):
                                    "nvfp4-group-gemm --help")
     usage = subprocess.run([command, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 0 and usage.stdout.startswith("usage: nvfp4-group-gemm ")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's allocation failure")
+def test_a_shape_too_large_for_the_machine_is_one_line_not_a_traceback():
+    done, _ = run_eval("--shape", "m: [1000000000]; n: [8192]; k: [8192]; g: 1; seed: 1", timeout=1800)
+    assert done.returncode == 112, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs more memory than this machine gave" in lines[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
