@@ -5,6 +5,7 @@ Each kernel is compiled in a fresh interpreter (`eval.py compile`), because CuTe
 DSL takes its target from CUTE_DSL_ARCH. Set NVFP4_EXTRA_CUTLASS_DSL to a folder
 holding another nvidia-cutlass-dsl release (`pip install --target`; `.ci/run`
 does this for 4.5.2) to compile under that release too."""
+import collections
 import dataclasses
 import inspect
 import json
@@ -494,6 +495,80 @@ def global_reads(entry: str) -> list:
     return [(m[1], first_wait < 0 or m.start() < first_wait, leaves(m[2], set())) for m in reads]
 
 
+class Dataflow:
+    """Where the values of one PTX entry come from: each register's defining instructions, followed back to
+    leaves: ("param", i) for a value loaded from kernel parameter i, ("load", instruction, its offset in the
+    entry, the register holding its address) for a value loaded from memory, ("special", name) for %tid,
+    %laneid and the like, ("varies", register) for a register written in more than one place (a loop's
+    counter, a branch's choice); immediates add nothing. A register defined in a loop has the leaves of all
+    its definitions (computed to a fixed point)."""
+
+    def __init__(self, entry: str):
+        self.entry = entry
+        direct, sources, counts = {}, {}, {}
+        for match in PTX_INSTRUCTION.finditer(entry):
+            op, args = match[1], match[2]
+            parts = [a.strip() for a in re.split(r",(?![^{]*\})", args)]
+            if not parts[0] or op.startswith(NOT_A_DEFINITION):
+                continue
+            operands = " ".join(parts[1:])
+            param, address = re.search(r"_param_(\d+)", operands), re.search(r"\[(%\w+)", operands)
+            for dest in re.findall(r"%\w+", parts[0]):
+                leaves, regs = direct.setdefault(dest, set()), sources.setdefault(dest, set())
+                if op.startswith("ld.param") and param:
+                    leaves.add(("param", int(param[1])))
+                elif op.startswith("ld."):
+                    leaves.add(("load", op, match.start(), address[1] if address else None))
+                else:
+                    regs.update(re.findall(r"%\w+", operands))
+                counts[dest] = counts.get(dest, 0) + 1
+        for reg, count in counts.items():  # a loop's counter, a branch's choice: not a fixed value
+            if count > 1:
+                direct[reg].add(("varies", reg))
+        self.found = {reg: set(leaves) for reg, leaves in direct.items()}
+        changed = True
+        while changed:
+            changed = False
+            for reg, regs in sources.items():
+                before = len(self.found[reg])
+                for source in regs:
+                    self.found[reg] |= self.found.get(source, {("special", source)})
+                changed |= len(self.found[reg]) != before
+
+    def leaves(self, register: str) -> set:
+        return self.found.get(register, {("special", register)})
+
+
+PTX_MULTIPLY = re.compile(r"mul\.(?:rn\.)?f32(x2)?\s+(%\w+),\s*(%\w+),\s*(%\w+|0[fF][0-9A-Fa-f]{8});")
+
+
+def multiplier_of(entry: str):
+    """The fp32 multiplies of an entry's epilogue: (elements multiplied, the operand most of them share, how
+    many share it)."""
+    muls = PTX_MULTIPLY.findall(entry)
+    shared = collections.Counter(r for _, _, a, b in muls for r in (a, b)).most_common(1)
+    return sum(2 if x2 else 1 for x2, *_ in muls), *(shared[0] if shared else (None, 0))
+
+
+def group_dependent_loads(flow: "Dataflow", register: str, after: int) -> list:
+    """The global loads `register` is computed from that come after offset `after` and whose address depends on
+    more than the kernel's parameters and constants (on the tile's group, here)."""
+    return [leaf for leaf in flow.leaves(register) if leaf[0] == "load" and leaf[1].startswith("ld.global")
+            and leaf[2] > after and leaf[3] and any(source[0] != "param" for source in flow.leaves(leaf[3]))]
+
+
+def offs_rounded_to_128(flow: "Dataflow", offs_param: int) -> list:
+    """The instructions that turn a count of 128-row blocks computed from offs into rows (P_g's step; the tile
+    counts' divisions by 128 are no such instruction)."""
+    rounding = re.compile(r"^\s*shl\.b32\s+%\w+,\s*(%\w+),\s*7;", re.M)  # whole 128-row blocks, as rows
+    found = []
+    for match in rounding.finditer(flow.entry):
+        loads = [leaf for leaf in flow.leaves(match[1]) if leaf[0] == "load" and leaf[3]]
+        if any(("param", offs_param) in flow.leaves(leaf[3]) for leaf in loads):
+            found.append(" ".join(match[0].split()))
+    return found
+
+
 def parameter_index(kernel, name: str, tuple_sizes: dict = {}) -> int:
     """A @cute.kernel argument's index among the PTX entry's parameters (the arguments after self, in order; an
     argument that is a tuple, named in `tuple_sizes`, is one PTX parameter per element)."""
@@ -573,6 +648,32 @@ def test_the_gate_finds_a_shuffle_whose_clamp_keeps_lanes_own_values():
     assert compile_gate.misclamped_shuffles(bad) == ["shfl.sync.up.b32 %r301, %r1368, 1, 31, -1;",
                                                      "shfl.sync.bfly.b32 %r346, %r1369, 16, 0, -1;"]
     assert compile_gate.ptx_features(good + bad)["shuffles_up"] == 4
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp16", "bf16"])
+def test_the_b200_moe_form_scales_each_group_by_its_alpha_and_rounds_once_to_its_type(report, bf16):
+    """The arithmetic the MoE form adds to the reviewed kernel: every accumulator element multiplied by one
+    register, alpha, loaded after the wait from an address that follows the tile's group (not group 0's for
+    every group); then the one rounding, to the output's type only; and the builder's P_g, the groups' rows
+    each rounded up to 128 (not the rows themselves), from offs."""
+    kernels = {k["config"]: k for k in report["kernels"]}
+    config = dataclasses.replace(submission.MOE_CONFIG, bf16_output=bf16)
+    kernel = kernels[compile_gate.kernel_name(config)]
+    (entry,) = re.split(r"\.entry\s", open(kernel["ptx_file"]).read())[1:]
+    reviewed = open(kernels["128x128"]["ptx_file"]).read()
+    wanted, other = ("bf16x2", "f16x2") if bf16 else ("f16x2", "bf16x2")
+    conversions = len(re.findall(rf"cvt\.rn\.{wanted}\.f32", entry))
+    assert conversions == len(re.findall(r"cvt\.rn\.f16x2\.f32", reviewed)) > 0
+    assert not re.search(rf"cvt\.rn\.{other}\.f32", entry) and not re.search(r"cvt\.rn\.b?f16\.f32", entry)
+    elements, alpha, shared = multiplier_of(entry)
+    assert multiplier_of(reviewed)[0] == 0
+    assert elements == 2 * conversions and shared == len(PTX_MULTIPLY.findall(entry)), (elements, alpha, shared)
+    wait = entry.index("griddepcontrol.wait")
+    assert group_dependent_loads(Dataflow(entry), alpha, after=wait), f"{alpha}: not the tile's group's alpha"
+    (builder,) = re.split(r"\.entry\s", open(kernel["offsets_builder_ptx_file"]).read())[1:]
+    offs = parameter_index(submission.DescriptorBuilder.offsets_builder, "offs",
+                           {"atoms": submission.TENSORMAPS_PER_GROUP})
+    assert offs_rounded_to_128(Dataflow(builder), offs), "P_g: no group's rows rounded up to 128"
 
 
 def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():

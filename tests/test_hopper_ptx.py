@@ -268,6 +268,31 @@ def test_every_lane_shuffle_reads_the_lane_it_names(report):
         assert (k["ptx_features"]["shuffles_up"] > 0) == ("-offs" in k["config"]), k["config"]
 
 
+@pytest.mark.slow
+def test_each_moe_form_scales_each_group_by_its_alpha_and_rounds_once_to_its_type(report):
+    """The arithmetic each MoE form adds to its leaderboard form: the epilogue's factor (2^14 there) becomes a
+    register computed from the group's global scales, loaded after the wait from addresses that follow the
+    tile's group (not group 0's for every group), two more multiplies; the one rounding goes to the output's
+    type only (bf16 forms: cvt.rn.bf16.f32, never fp16's); P_g, each group's rows rounded up to 128, from
+    offs."""
+    from test_compile import Dataflow, group_dependent_loads, multiplier_of, offs_rounded_to_128, parameter_index
+    kernels = {k["config"]: k for k in report["kernels"]}
+    offs = parameter_index(hopper.Sm90GroupedGemmKernel.moe_kernel, "offs")
+    for name in (n for n in kernels if "-offs" in n):
+        leaderboard = open(kernels[name.replace("-offs", "").replace("-bf16", "")]["ptx_file"]).read()
+        (entry,) = re.split(r"\.entry\s", open(kernels[name]["ptx_file"]).read())[1:]
+        wanted, other = ("bf16", "f16") if name.endswith("-bf16") else ("f16", "bf16")
+        assert len(re.findall(rf"cvt\.rn\.{wanted}\.f32", entry)) == len(
+            re.findall(r"cvt\.rn\.f16\.f32", leaderboard)) > 0, name
+        assert not re.search(rf"cvt\.rn\.{other}\.f32", entry), name
+        elements, factor, shared = multiplier_of(entry)
+        assert elements == multiplier_of(leaderboard)[0] + 2 and shared == elements - 2, (name, elements, shared)
+        flow = Dataflow(entry)
+        loads = group_dependent_loads(flow, factor, after=entry.index("griddepcontrol.wait"))
+        assert len(loads) == 2, (name, factor, loads)  # a_global[g] and b_global[g]
+        assert offs_rounded_to_128(flow, offs), (name, "P_g: no group's rows rounded up to 128")
+
+
 def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     """`eval.py sweep --diagnose` variants (timing only; each Diagnostic gives wrong results by design; the
     no-pdl form is exact): each is the default form with one part left out or moved, and its PTX shows it
