@@ -18,7 +18,8 @@ promise; `validate=True` checks it with a synchronization (refused during CUDA g
 Every other error is a ValueError naming the argument, raised before anything runs.
 
 Registered with torch.library as `nvfp4_group_gemm::grouped_mm_nvfp4` (and `..._out`, which writes `out`),
-with fake implementations, so torch.compile traces through it.
+with fake implementations, so torch.compile traces through it; an eager call with nothing tracing it skips the
+op's dispatch (`plain_eager`) and runs the same computation.
 
 Two computations. The kernels (`kernel_forms`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
 kernel per call (for some small T two, of which the device runs one: `hopper.moe_forms`) computes each group's
@@ -520,6 +521,16 @@ def unpack_nvfp4_tensor(value, scale, global_scale, name: str):
     return value.qdata, value.scale, value.per_tensor_scale
 
 
+def plain_eager(*tensors) -> bool:
+    """Whether a call may skip the torch op's dispatch (in eager mode most of a call's host time): nothing
+    traces it (torch.compile, a torch function or dispatch mode such as fake tensors'), every tensor is a plain
+    torch.Tensor and none asks for gradients. The op runs the same computation either way."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode():
+        return False
+    return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
+
+
 def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor],
                      b_scale: Optional[torch.Tensor], offs: torch.Tensor, *, a_global: Optional[torch.Tensor] = None,
                      b_global: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
@@ -535,6 +546,7 @@ def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.T
     problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=validate)
     if validate:  # this routing checked on the host: a_scale may be as short as its blocks (torch's tests')
         check_offsets(offs, problem.tokens, a_scale, problem.width)
+    if validate or plain_eager(a, b, a_scale, b_scale, offs, a_global, b_global, out):
         if out is None:
             out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
         run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)

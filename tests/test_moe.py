@@ -509,3 +509,27 @@ def test_plans_beyond_the_memory_limit_are_dropped_oldest_first_and_captured_one
     assert kernel_plan.captured
     with pytest.raises(ValueError, match="nbytes: -1"):
         moe.set_plan_memory_limit(-1)
+
+
+def test_an_eager_call_skips_the_torch_ops_dispatch_and_checks_once(monkeypatch):
+    """In eager mode (nothing tracing, plain tensors) the wrapper runs the computation itself: one Problem, no
+    torch op dispatch (most of an eager call's host time); under a tracing mode (fake tensors here, as
+    torch.compile's) it goes through the op, whose fake gives the shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args, _ = routed((30, 0, 70))
+    made, ran = [], []
+    real_problem, real_run = moe.Problem, moe.run
+    monkeypatch.setattr(moe, "Problem", lambda *a, **k: made.append(1) or real_problem(*a, **k))
+    monkeypatch.setattr(moe, "run", lambda *a, **k: ran.append(1) or real_run(*a, **k))
+    dispatched = []
+    op = torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4
+    monkeypatch.setattr(torch.ops.nvfp4_group_gemm, "grouped_mm_nvfp4",
+                        lambda *a, **k: dispatched.append(1) or op(*a, **k), raising=False)
+    out = moe.grouped_mm_nvfp4(**args)
+    assert (len(made), len(ran), len(dispatched)) == (1, 1, 0)
+    assert_matches(out, args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+        traced = moe.grouped_mm_nvfp4(**fake, out_dtype=torch.float16)
+    assert len(dispatched) == 1 and traced.shape == (100, 256) and traced.dtype == torch.float16
+    assert not moe.plain_eager(args["a"].requires_grad_(False), torch.zeros(2, requires_grad=True))
