@@ -34,6 +34,8 @@ torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are
 there). docs/moe.md has the design, figures and what is left.
 """
 import dataclasses
+import functools
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -291,19 +293,31 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
         return None  # the kernels read a per-expert scale as an array
     if any(t.data_ptr() % submission.PTR_ALIGN_BYTES for t in (a, b, a_scale, b_scale, out)):
         return None
-    capability = torch.cuda.get_device_capability(a.device)
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    capability, setting = torch.cuda.get_device_capability(index), None
+    if capability == (9, 0):
+        from . import hopper
+        setting = os.environ.get(hopper.MOE_FORM_ENV)
+    return forms_for(capability, problem.tokens, problem.experts, problem.n, problem.k, submission.sm_count(index),
+                     problem.out_dtype == torch.bfloat16, setting)
+
+
+@functools.lru_cache(maxsize=1024)
+def forms_for(capability: tuple, tokens: int, experts: int, n: int, k: int, num_sms: int, bf16: bool,
+              form_setting: Optional[str]):
+    """`kernel_forms`' choice from the facts it depends on, made once per set of them (the Hopper choice models
+    sampled routings): the forms, or None where no kernel takes the call."""
+    from . import submission
     if capability == (10, 0):
         configs = (submission.MOE_CONFIG,)
     elif capability == (9, 0):
         from . import hopper
-        if problem.experts > hopper.MOE_MAX_EXPERTS:
+        if experts > hopper.MOE_MAX_EXPERTS:
             return None  # more groups than its CTAs hold in shared memory
-        configs = hopper.moe_forms(problem.tokens, problem.experts, problem.n, problem.k,
-                                   submission.sm_count(a.device.index if a.device.index is not None
-                                                       else torch.cuda.current_device()))
+        configs = hopper.moe_forms(tokens, experts, n, k, num_sms)
     else:
         return None
-    return tuple(dataclasses.replace(c, bf16_output=problem.out_dtype == torch.bfloat16) for c in configs)
+    return tuple(dataclasses.replace(c, bf16_output=bf16) for c in configs)
 
 
 def token_capacity(tokens: int) -> int:

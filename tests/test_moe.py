@@ -533,3 +533,22 @@ def test_an_eager_call_skips_the_torch_ops_dispatch_and_checks_once(monkeypatch)
         traced = moe.grouped_mm_nvfp4(**fake, out_dtype=torch.float16)
     assert len(dispatched) == 1 and traced.shape == (100, 256) and traced.dtype == torch.float16
     assert not moe.plain_eager(args["a"].requires_grad_(False), torch.zeros(2, requires_grad=True))
+
+
+def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
+    """kernel_forms' choice (hopper.moe_forms models sampled routings) is made once per device capability, T, E,
+    N, K, SM count, output type and form setting, and is the choice itself."""
+    import dataclasses
+    from nvfp4_group_gemm import hopper, submission
+    moe.forms_for.cache_clear()
+    expected = tuple(dataclasses.replace(c, bf16_output=True) for c in hopper.moe_forms(512, 2, 4096, 1536, 132))
+    assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) == expected
+    assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) is moe.forms_for((9, 0), 512, 2, 4096, 1536,
+                                                                                       132, True, None)
+    assert moe.forms_for.cache_info().misses == 1
+    monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs")
+    (named,) = moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, False, "sm90-128x128-k128-wr-offs")
+    assert named.tile_name == "sm90-128x128-k128-wr-offs"
+    assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (submission.MOE_CONFIG,)
+    assert moe.forms_for((8, 0), 512, 2, 4096, 1536, 108, False, None) is None
+    assert moe.forms_for((9, 0), 512, hopper.MOE_MAX_EXPERTS + 1, 4096, 1536, 132, False, None) is None
