@@ -423,19 +423,26 @@ def test_two_hopper_forms_share_a_plan_and_the_device_chooses(monkeypatch, bound
     assert pair_first[1][16] == hopper.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
 
 
-def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_outside_one(monkeypatch, bound):
-    """The token counters of a plan made during a CUDA graph capture are zeroed only when the graph replays
-    (its allocation's memset is captured): the plan's first launch outside a capture zeroes them first, once;
-    the descriptors' memory and the scratch are left alone."""
+def hopper_plan_on_the_cpu(monkeypatch, capturing: list):
+    """The default Hopper MoE form's plan for 4 experts, N 256, K 512, 256 tokens, with recording launches
+    (the `bound` fixture) and a capture state the test sets (capturing[0]); a routing of 202 tokens and out."""
     from nvfp4_group_gemm import hopper, submission
-    capturing = [True]
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
     config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
     plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
     args, _ = routed((72, 0, 129, 1))
-    out = torch.empty(202, 256, dtype=torch.float16)
+    return plan, args, torch.empty(202, 256, dtype=torch.float16)
+
+
+def test_a_plan_made_during_a_capture_zeroes_its_counters_at_its_first_launch_outside_one(monkeypatch, bound):
+    """The token counters of a plan made during a CUDA graph capture are zeroed only when the graph replays
+    (its allocation's memset is captured): the plan's first launch outside a capture zeroes them first, once;
+    the descriptors' memory and the scratch are left alone."""
+    from nvfp4_group_gemm import hopper
+    capturing = [True]
+    plan, args, out = hopper_plan_on_the_cpu(monkeypatch, capturing)
     launches = []
 
     def call():  # the plan's memory as its launch finds it
@@ -491,16 +498,9 @@ def test_plans_beyond_the_memory_limit_are_dropped_oldest_first_and_captured_one
     cache.clear()
     assert not cache.plans
     # a KernelPlan knows whether a capture launched it
-    from nvfp4_group_gemm import hopper, submission
     capturing = [False]
-    monkeypatch.setattr(submission, "compile_grouped_gemm",
-                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
-    monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
-    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
-    kernel_plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
+    kernel_plan, args, out = hopper_plan_on_the_cpu(monkeypatch, capturing)
     assert kernel_plan.nbytes == kernel_plan.memory.numel() * 8 >= 256 * 512 * 2
-    args, _ = routed((72, 0, 129, 1))
-    out = torch.empty(202, 256, dtype=torch.float16)
     kernel_plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)
     assert not kernel_plan.captured
     capturing[0] = True
