@@ -59,6 +59,8 @@ for release in $releases; do
         # the pattern alone first: its log shows what racecheck says of it, and that the verdict places its lines
         step racecheck-pattern$at racecheck-pattern$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
           python3 -W ignore scripts/racecheck_pattern.py plain
+        step racecheck-pattern-verdict$at racecheck-pattern-verdict$log python3 scripts/racecheck_verdict.py \
+          --pattern "$OUT/racecheck-pattern$log"
         step racecheck$at racecheck$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
           python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe
         step racecheck-verdict$at racecheck-verdict$log python3 scripts/racecheck_verdict.py "$OUT/racecheck$log" ;;

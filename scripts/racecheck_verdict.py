@@ -9,7 +9,10 @@ In the Hopper kernel that is the SFB stages: written by `load_stage`, read by
 `dequantize_a_fragment`. A race passes when its write lies in an allowed writer
 and every read in an allowed reader; locations come from line information
 (CUTE_DSL_LINEINFO=1), so a log without it fails rather than passing blindly.
-Usage: python scripts/racecheck_verdict.py LOG; exit 0 pass, 1 fail, 2 usage.
+Every line that speaks of a race or hazard must be one the verdict reads, and the reports it read must add
+up to the summary's count: a report in a form it does not know fails it rather than passing unseen. The
+pattern's own kernel (`ring` in racecheck_pattern.py) is allowed only with --pattern, for that script's log.
+Usage: python scripts/racecheck_verdict.py [--pattern] LOG; exit 0 pass, 1 fail, 2 usage.
 """
 import ast
 import re
@@ -17,9 +20,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# (file, function) -> role: where the proven pattern's accesses are allowed to be
-WRITERS = {("hopper.py", "load_stage"), ("racecheck_pattern.py", "ring")}
-READERS = {("hopper.py", "dequantize_a_fragment"), ("racecheck_pattern.py", "ring")}
+# (file, function) -> role: where the proven pattern's accesses are allowed to be (production, then --pattern)
+WRITERS = {("hopper.py", "load_stage")}
+READERS = {("hopper.py", "dequantize_a_fragment")}
+PATTERN = {("racecheck_pattern.py", "ring")}
+# what speaks of a race in any of racecheck's report forms ("Race reported", "Potential RAW hazard", ...)
+MENTIONS_A_RACE = re.compile(r"race reported|hazard", re.I)
 SOURCES = {"hopper.py": ROOT / "nvfp4_group_gemm" / "hopper.py",
            "racecheck_pattern.py": ROOT / "scripts" / "racecheck_pattern.py"}
 REPORT = re.compile(r"^=+\s+(Error|Warning): (.*)$")
@@ -55,6 +61,8 @@ def read_races(text: str):
         report, access, total = REPORT.match(line), ACCESS.match(line), SUMMARY.search(line)
         if total:
             summary = tuple(int(n) for n in total.groups())
+        elif not (report or access) and MENTIONS_A_RACE.search(line):  # a form this reader does not know
+            races.append(("Unread", line, []))
         elif report and "Race reported" in report.group(2):
             races.append((report.group(1), line, []))
             first = FIRST_ACCESS.search(report.group(2))
@@ -67,17 +75,22 @@ def read_races(text: str):
     return races, summary
 
 
-def verdict(text: str):
-    """(passed, lines to print)."""
+def verdict(text: str, pattern: bool = False):
+    """(passed, lines to print); `pattern`: the log of racecheck_pattern.py, whose kernel is allowed too."""
     races, summary = read_races(text)
     if summary is None:
         return False, ["racecheck_verdict: no RACECHECK SUMMARY line: racecheck did not finish"]
+    reported = sum(1 for kind, _, _ in races if kind != "Unread")
+    if reported != summary[0]:
+        return False, [f"racecheck_verdict: the summary counts {summary[0]} reports, {reported} were read: "
+                       "reports in a form this verdict does not read"]
+    writers, readers = (WRITERS | PATTERN, READERS | PATTERN) if pattern else (WRITERS, READERS)
     unexplained, hazards = [], 0
     for kind, first, accesses in races:
         writes = [place(where) for access, where, _ in accesses if access == "Write"]
         reads = [place(where) for access, where, _ in accesses if access == "Read"]
         hazards += sum(n for access, _, n in accesses if access == "Read")
-        if not (writes and reads and all(w in WRITERS for w in writes) and all(r in READERS for r in reads)):
+        if not (writes and reads and all(w in writers for w in writes) and all(r in readers for r in reads)):
             unexplained.append(f"  {first.split(': ', 1)[-1]} (write {writes}, reads {reads})")
     if unexplained:
         return False, ["racecheck_verdict: races outside the proven pattern (or without line information: "
@@ -90,10 +103,12 @@ def verdict(text: str):
 
 
 def main(argv: list) -> int:
+    pattern = argv[:1] == ["--pattern"]
+    argv = argv[1:] if pattern else argv
     if len(argv) != 1:
-        print("usage: python scripts/racecheck_verdict.py LOG", file=sys.stderr)
+        print("usage: python scripts/racecheck_verdict.py [--pattern] LOG", file=sys.stderr)
         return 2
-    passed, lines = verdict(Path(argv[0]).read_text(errors="replace"))
+    passed, lines = verdict(Path(argv[0]).read_text(errors="replace"), pattern)
     print("\n".join(lines))
     return 0 if passed else 1
 

@@ -181,6 +181,33 @@ def test_racecheck_verdict_passes_only_the_proven_pattern(tmp_path):
     assert run_verdict(tmp_path, "no summary: the tool stopped\n").returncode == 1
 
 
+def test_racecheck_verdict_fails_reports_it_cannot_read_and_the_pattern_outside_its_own_log(tmp_path):
+    """Reports in another of racecheck's forms, or more reports than the verdict read, fail it (they passed as
+    "clean"); the pattern kernel's lines pass only the pattern's own log (--pattern)."""
+    summary = "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n"
+    for other_form in ("========= ERROR: Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :\n",
+                       "========= WARN: Race reported between Write access at k+0x10 and Read access at k+0x20\n"):
+        done = run_verdict(tmp_path, other_form + summary)
+        assert done.returncode == 1 and "does not read" in done.stdout, done.stdout
+    text = RACECHECK_LOG.read_text()
+    pattern = ROOT / "scripts" / "racecheck_pattern.py"
+    ring = f"scripts/racecheck_pattern.py:{line_of(pattern, 'def ring') + 2}"
+    in_ring = with_lines(text, ring, ring)
+    done = run_verdict(tmp_path, in_ring)
+    assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
+    log = tmp_path / "pattern.log"
+    log.write_text(in_ring)
+    done = subprocess.run([sys.executable, "scripts/racecheck_verdict.py", "--pattern", str(log)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    hopper = ROOT / "nvfp4_group_gemm" / "hopper.py"
+    write = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'cute.copy(bulk, src, sSFB')}"
+    read = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'scale_words = cute.recast_tensor')}"
+    two = with_lines(text, write, read).replace("1 hazard displayed (1 error", "2 hazards displayed (2 errors")
+    done = run_verdict(tmp_path, two)
+    assert done.returncode == 1 and "the summary counts 2 reports, 1 were read" in done.stdout, done.stdout
+
+
 @pytest.mark.slow
 def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_its_fence():
     """The pattern kernel issues the Hopper kernel's SFB forms (bulk copy completing on an mbarrier, 32-bit
