@@ -223,3 +223,19 @@ def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_i
         assert re.search(r"ld\.shared\.(?:b|u)32", text) and "mbarrier.arrive.expect_tx" in text, variant
         assert len(re.findall(r"fence\.proxy\.async\.shared::cta", text)) == (variant != "plain"), variant
     assert not list(ROOT.glob("*.ptx"))  # nothing left behind
+
+
+def test_m_sweep_prints_each_points_floor_without_a_gpu():
+    """Without a GPU: the floors on the H100 (decode at M = 16: the FP4 weights' bytes, 39.9 us at N 4,096 /
+    K 7,168; prefill at M = 1,024: the FLOPs at the fp16 rate, 486.4 us), no timing; an unknown card is refused."""
+    run = lambda *extra: subprocess.run([sys.executable, "scripts/m_sweep.py", *extra], cwd=ROOT,
+                                        capture_output=True, text=True, timeout=300,
+                                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    done = run("--m", "16,1024")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["4096"], ["7168"])]
+    assert [r[:4] for r in rows] == [["4096", "7168", "16", "39.91"], ["4096", "7168", "1024", "486.39"],
+                                     ["7168", "2048", "16", "20.31"], ["7168", "2048", "1024", "243.19"]]
+    assert "no GPU: floors only" in done.stdout
+    refused = run("--card", "A100")
+    assert refused.returncode == 2 and "no floor known" in refused.stderr
