@@ -68,8 +68,8 @@ def environment_line() -> tuple:
     path = submission.code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
-    hopper = sys.modules.get("nvfp4_group_gemm.hopper")  # registered by load_submission where present
-    which = ("the Hopper kernel of hopper.py" if hopper is not None and path == hopper.PATH_HOPPER
+    hopper_policy = sys.modules.get("nvfp4_group_gemm.hopper_policy")  # registered by load_submission
+    which = ("the Hopper kernel of hopper.py" if hopper_policy is not None and path == hopper_policy.PATH_HOPPER
              else "the portable path of portable.py")
     return (f"{name} (sm_{major}{minor}) cannot run the B200 kernel (tcgen05 needs sm_100); "
             f"running {which} instead [{path}].", True)

@@ -329,9 +329,9 @@ def config_named(name: str, arch: str):
 
 
 def hopper_choice():
-    """custom_kernel's choice per shape set on sm_90 (hopper.launcher_for_setting without a setting)."""
-    from nvfp4_group_gemm import hopper
-    return hopper.launcher_for_setting(None).choose
+    """custom_kernel's choice per shape set on sm_90 (hopper_policy.launcher_for_setting without a setting)."""
+    from nvfp4_group_gemm import hopper_policy
+    return hopper_policy.launcher_for_setting(None).choose
 
 
 PTXAS_MISSING = ("ptxas not found: install this package's dependencies (pip install -e .; nvidia-cuda-nvcc "
@@ -494,7 +494,7 @@ def compile_gate(arch: str, shape_sets: list, only_needed: bool, keep_dir: Optio
           "every shape set:")
     print_compile_table(rows)
     compiled = {r["config"] for r in rows if r["ok"]}
-    picked = ("the configuration and schedule custom_kernel runs (hopper.sm90_choice)"
+    picked = ("the configuration and schedule custom_kernel runs (hopper_policy.sm90_choice)"
               if hopper else "the configuration the cost model picks")
     print(f"\nShape sets ({len(plans)}): {picked}, tiles and CTAs; "
           "each is served by the kernel compiled above:")

@@ -92,7 +92,7 @@ def load_submission():
     and runs only its B200 path."""
     from . import portable, submission  # noqa: F401  (portable registers the path of GPUs without a kernel)
     try:
-        from . import hopper  # noqa: F401  (registers the sm_90 path)
+        from . import hopper_policy  # noqa: F401  (registers the sm_90 path)
     except ImportError:
         pass
     return submission

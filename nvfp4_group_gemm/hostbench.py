@@ -172,11 +172,12 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
         return results
 
     path = submission.code_path(device)
-    hopper = sys.modules.get("nvfp4_group_gemm.hopper")  # registered by load_submission where present
+    hopper = sys.modules.get("nvfp4_group_gemm.hopper")  # with hopper_policy, registered by load_submission
+    hopper_policy = sys.modules.get("nvfp4_group_gemm.hopper_policy")
     config = None  # the B200 cost model's choice per shape set
     if path == submission.PATH_B200:
         compile_fn, kernel = submission.compile_grouped_gemm, "B200 kernel"
-    elif hopper is not None and path == hopper.PATH_HOPPER:
+    elif hopper_policy is not None and path == hopper_policy.PATH_HOPPER:
         compile_fn, config, kernel = submission.compile_grouped_gemm, hopper.SM90_CONFIG, "Hopper kernel (hopper.py)"
     else:
         compile_fn, kernel = standin_compile, "stand-in kernel (same parameters; this GPU has no tcgen05)"

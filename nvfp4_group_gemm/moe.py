@@ -22,7 +22,7 @@ with fake implementations, so torch.compile traces through it; an eager call wit
 op's dispatch (`plain_eager`) and runs the same computation.
 
 Two computations. The kernels (`kernel_forms`: sm_90 and sm_100, N a multiple of 128, K of 256): on sm_90 one
-kernel per call (for some small T two, of which the device runs one: `hopper.moe_forms`) computes each group's
+kernel per call (for some small T two, of which the device runs one: `hopper_policy.moe_forms`) computes each group's
 rows, P_g and the tile count from `offs` on the device (every CTA, into its shared memory: hopper.py's
 `OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder kernel computes them, the
 tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM runs. Either
@@ -277,7 +277,7 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
 def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
-    """The configurations of the kernels launched for this call (hopper.py's `moe_forms` on sm_90: one, or two
+    """The configurations of the kernels launched for this call (`hopper_policy.moe_forms` on sm_90: one, or two
     the device chooses between; `submission.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
     the portable path: other devices, N or K the kernels do not take, B's experts not back to back, a base
     address not 16-byte aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90."""
@@ -296,8 +296,8 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     capability, setting = torch.cuda.get_device_capability(index), None
     if capability == (9, 0):
-        from . import hopper
-        setting = os.environ.get(hopper.MOE_FORM_ENV)
+        from . import hopper_policy
+        setting = os.environ.get(hopper_policy.MOE_FORM_ENV)
     return forms_for(capability, problem.tokens, problem.experts, problem.n, problem.k, submission.sm_count(index),
                      problem.out_dtype == torch.bfloat16, setting)
 
@@ -311,10 +311,10 @@ def forms_for(capability: tuple, tokens: int, experts: int, n: int, k: int, num_
     if capability == (10, 0):
         configs = (submission.MOE_CONFIG,)
     elif capability == (9, 0):
-        from . import hopper
+        from . import hopper, hopper_policy
         if experts > hopper.MOE_MAX_EXPERTS:
             return None  # more groups than its CTAs hold in shared memory
-        configs = hopper.moe_forms(tokens, experts, n, k, num_sms)
+        configs = hopper_policy.moe_forms(tokens, experts, n, k, num_sms)
     else:
         return None
     return tuple(dataclasses.replace(c, bf16_output=bf16) for c in configs)
@@ -338,8 +338,8 @@ class KernelPlan:
     Two launch shapes: one kernel per call where the kernel class computes the groups from offs itself
     (`one_kernel_offsets`: hopper.py's, which makes the descriptors of the stacked tokens and weights in its
     host function), else the builder from offs, then the GEMM. hopper.py's forms may come two to a call
-    (`hopper.moe_forms`): each launched, one after the other on the same memory, the device choosing which
-    one computes (`hopper.MOE_TWO_FORM_RULES`)."""
+    (`hopper_policy.moe_forms`): each launched, one after the other on the same memory, the device choosing which
+    one computes (`hopper_policy.MOE_TWO_FORM_RULES`)."""
 
     def __init__(self, configs, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
                  device=None):
@@ -360,10 +360,10 @@ class KernelPlan:
         self.captured = submission.stream_capturing()  # launched in a capture: a graph may replay it
         self.one_kernel = compiled[0].build_tensormaps is None
         if self.one_kernel:
-            from . import hopper
+            from . import hopper, hopper_policy
             self.gemms = [submission.HostFunction(c.gemm, device_index, c.kernel.host_entry()[1]) for c in compiled]
-            self.rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper.MOE_TWO_FORM_RULES
-            self.one_wave_ctas = hopper.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
+            self.rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper_policy.MOE_TWO_FORM_RULES
+            self.one_wave_ctas = hopper_policy.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
             self.scratch = self.memory.data_ptr() + config.plan_layout.scratch_offset(experts)
             # the kernel's own region (the token counters): a plan made during a capture is zeroed by the
             # graph's replays alone, so its first launch outside one zeroes it first

@@ -1,12 +1,12 @@
-"""Each Hopper MoE form on routings of T tokens over E experts as `hopper.moe_choice` samples them
-(`hopper.moe_routings`), timed beside the cost model's figure: what moe_choice's pick costs against the
+"""Each Hopper MoE form on routings of T tokens over E experts as `hopper_policy.moe_choice` samples them
+(`hopper_policy.moe_routings`), timed beside the cost model's figure: what moe_choice's pick costs against the
 others on the routings it reasons about, and on the one you name.
 
     python scripts/moe_forms.py T E N K [--routings R] [--sizes M0,M1,...]
 
 Prints, per routing (the first R samples, then --sizes if given), each form's modeled busiest CTA (us) and,
-on an sm_90 GPU, the op's mean us per call with that form (`hopper.MOE_FORM_ENV`; the leaderboard's loop:
-L2 flushed, events around 8 calls on 8 copies of the data), then the op as it runs unset (`hopper.moe_forms`:
+on an sm_90 GPU, the op's mean us per call with that form (`hopper_policy.MOE_FORM_ENV`; the leaderboard's loop:
+L2 flushed, events around 8 calls on 8 copies of the data), then the op as it runs unset (`hopper_policy.moe_forms`:
 one form, or two that the device chooses between, modeled as the one it chooses); then the means over the
 sampled routings and the forms the op launches. Without such a GPU, the model's figures alone."""
 import argparse
@@ -43,9 +43,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", help="one more routing: the experts' rows, comma-separated (E of them)")
     options = parser.parse_args(argv)
     import torch
-    from nvfp4_group_gemm import hopper, moe, submission
+    from nvfp4_group_gemm import hopper, hopper_policy, moe, submission
     tokens, experts, n, k = options.T, options.E, options.N, options.K
-    routings = hopper.moe_routings(tokens, experts)[:options.routings]
+    routings = hopper_policy.moe_routings(tokens, experts)[:options.routings]
     if options.sizes:
         sizes = [int(m) for m in options.sizes.split(",")]
         if len(sizes) != experts or sum(sizes) != tokens:
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     sms = submission.sm_count(0) if gpu else 132
     # each form under the schedule moe_choice gives it
-    forms = {name: hopper.moe_scheduled(c, tokens, experts, n, sms) for name, c in hopper.SM90_MOE_CONFIGS.items()}
-    launched = hopper.moe_forms(tokens, experts, n, k, sms)
+    forms = {name: hopper_policy.moe_scheduled(c, tokens, experts, n, sms) for name, c in hopper.SM90_MOE_CONFIGS.items()}
+    launched = hopper_policy.moe_forms(tokens, experts, n, k, sms)
     forms[AS_LAUNCHED] = None
     print(f"T={tokens} E={experts} N={n} K={k} on {torch.cuda.get_device_name() if gpu else 'no sm_90 GPU: model only'}")
     totals = {name: [0.0, 0.0] for name in forms}
@@ -67,15 +67,15 @@ def main(argv=None) -> int:
         for name, config in forms.items():
             # as moe_choice models it: the leaderboard form's busiest CTA
             modeled = chosen_form(launched, sizes, n, tokens, experts, sms).tile_name if config is None else name
-            model = hopper.busiest_cta_cost(problem_sizes, sms,
+            model = hopper_policy.busiest_cta_cost(problem_sizes, sms,
                                             hopper.SM90_CONFIGS[modeled.replace("-offs", "")]) / 1000
             line = f"    {name:<40} model {model:8.2f} us"
             if gpu:
                 from nvfp4_group_gemm.peers import time_loop_us
                 if config is None:
-                    os.environ.pop(hopper.MOE_FORM_ENV, None)
+                    os.environ.pop(hopper_policy.MOE_FORM_ENV, None)
                 else:
-                    os.environ[hopper.MOE_FORM_ENV] = config.name
+                    os.environ[hopper_policy.MOE_FORM_ENV] = config.name
                 measured = time_loop_us(lambda d: moe.grouped_mm_nvfp4(*d, out_dtype=torch.float16), inputs)
                 line += f"  measured {measured:8.2f} us"
                 if index < options.routings:
@@ -83,23 +83,23 @@ def main(argv=None) -> int:
             if index < options.routings:
                 totals[name][0] += model / len(routings[:options.routings])
             print(line, flush=True)
-    os.environ.pop(hopper.MOE_FORM_ENV, None)
+    os.environ.pop(hopper_policy.MOE_FORM_ENV, None)
     print("  mean over the sampled routings:")
     for name, (model, measured) in totals.items():
         print(f"    {name:<40} model {model:8.2f} us" + (f"  measured {measured:8.2f} us" if gpu else ""))
-    print(f"  moe_choice: {hopper.moe_choice(tokens, experts, n, k, sms).name}")
+    print(f"  moe_choice: {hopper_policy.moe_choice(tokens, experts, n, k, sms).name}")
     print(f"  moe_forms: {' then '.join(f.name for f in launched)}")
     return 0
 
 
 def chosen_form(launched, sizes, n: int, tokens: int, experts: int, sms: int):
-    """Which of `launched` computes a call of these rows (`hopper.MOE_TWO_FORM_RULES`, as the device decides)."""
-    from nvfp4_group_gemm import hopper, submission
+    """Which of `launched` computes a call of these rows (`hopper_policy.MOE_TWO_FORM_RULES`, as the device decides)."""
+    from nvfp4_group_gemm import hopper, hopper_policy, submission
     if len(launched) == 1:
         return launched[0]
     wave_tiles = sum(submission.ceil_div(m, 128) for m in sizes) * submission.ceil_div(n, 128)
-    fits = wave_tiles <= hopper.moe_one_wave_ctas(tokens, experts, n, sms)
-    return launched[hopper.MOE_TWO_FORM_RULES.index(hopper.MOE_IN_ONE_WAVE if fits else hopper.MOE_PAST_ONE_WAVE)]
+    fits = wave_tiles <= hopper_policy.moe_one_wave_ctas(tokens, experts, n, sms)
+    return launched[hopper_policy.MOE_TWO_FORM_RULES.index(hopper.MOE_IN_ONE_WAVE if fits else hopper.MOE_PAST_ONE_WAVE)]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # The Hopper kernel's profile, in one device call (logs under $OUT):
 #   1. with SWEEP=1, `eval.py sweep --only wr --diagnose` first: every weights-in-registers form, each
 #      checked against the reference, and the default's timing diagnostics, against grouped_mm;
-#   2. ncu (full set, details printed) on custom_kernel's choice ($NVFP4_SM90_CONFIG or hopper.sm90_choice),
+#   2. ncu (full set, details printed) on custom_kernel's choice ($NVFP4_SM90_CONFIG or hopper_policy.sm90_choice),
 #      benchmarks ${PROFILE_CASES:-0 3}: two GEMM launches each (tokens converted inside), past the check's
 #      and the first timing calls' launches. Stall reasons: "Warp Stall Sampling" in each kernel's
 #      Source Counters section.

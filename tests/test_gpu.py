@@ -70,8 +70,9 @@ def test_custom_kernel_on_random_contract_shapes(seed):
 def test_code_path_label():
     capability = torch.cuda.get_device_capability()
     # conftest imported hopper and portable: their paths are registered
-    hopper, portable = importlib.import_module("nvfp4_group_gemm.hopper"), importlib.import_module("nvfp4_group_gemm.portable")
-    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper.PATH_HOPPER}.get(capability, portable.PATH_PORTABLE)
+    hopper_policy = importlib.import_module("nvfp4_group_gemm.hopper_policy")
+    portable = importlib.import_module("nvfp4_group_gemm.portable")
+    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_policy.PATH_HOPPER}.get(capability, portable.PATH_PORTABLE)
     assert submission.code_path(torch.device("cuda")) == expected
 
 
@@ -217,8 +218,8 @@ def test_b200_one_or_two_ctas_over_many_small_groups(config, sms, monkeypatch):
 def test_hopper_kernel_under_every_schedule(schedule, monkeypatch):
     """The scheduler both kernels share, under each schedule, on the Hopper kernel: every test shape, one
     benchmark, and 1-2 CTAs over many small groups."""
-    hopper = importlib.import_module("nvfp4_group_gemm.hopper")
-    config = hopper.config_from_setting(f"/{schedule}")
+    hopper_policy = importlib.import_module("nvfp4_group_gemm.hopper_policy")
+    config = hopper_policy.config_from_setting(f"/{schedule}")
     launcher = submission.GroupedGemmLauncher(config=config)
     for case in TEST_CASES + BENCHMARK_CASES[3:]:
         run_config_and_check(generate_input(**case.args), config, launcher)
@@ -231,14 +232,14 @@ def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
     """Each form (those CONFIG_ENV names, `sm90_choice`'s or not) under its schedule per shape set: every
     test shape (N / 128 odd included: a pair's half past N), the last benchmark (all four:
     scripts/max_error.py, variants-device.sh EXACT=1), and 1-2 CTAs (or pairs) over many small groups."""
-    hopper = importlib.import_module("nvfp4_group_gemm.hopper")
+    hopper, hopper_policy = (importlib.import_module(f"nvfp4_group_gemm.{m}") for m in ("hopper", "hopper_policy"))
     form = hopper.SM90_CONFIGS[name]
     launcher = submission.GroupedGemmLauncher()
     sms = submission.sm_count(torch.cuda.current_device())
     for case in TEST_CASES + BENCHMARK_CASES[3:]:
         data = generate_input(**case.args)
         sizes = tuple(map(tuple, data[3]))
-        run_config_and_check(data, form.with_schedule(hopper.sm90_schedule(sizes, sms, form)), launcher)
+        run_config_and_check(data, form.with_schedule(hopper_policy.sm90_schedule(sizes, sms, form)), launcher)
     run_on_one_and_two_units(many_small_groups(seed=7), form, monkeypatch)
 
 
@@ -598,7 +599,7 @@ def test_moe_kernel_under_torch_compile_fullgraph():
                                   "sm90-192x256-k64-wr-pair-offs"])
 @pytest.mark.parametrize("contiguous", [False, True])
 def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguous):
-    """Each form `hopper.moe_choice` may pick, under both compiled schedules, on a routing with empty experts,
+    """Each form `hopper_policy.moe_choice` may pick, under both compiled schedules, on a routing with empty experts,
     a group of one row and groups past one tile."""
     from nvfp4_group_gemm import hopper, moe
     config = hopper.SM90_MOE_CONFIGS[name].with_schedule(submission.Schedule(contiguous=contiguous))
@@ -616,15 +617,15 @@ def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguo
 
 @needs_hopper
 def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
-    """hopper.moe_forms' two launches per call (the 192-token pair, then the default form), on a routing whose
+    """hopper_policy.moe_forms' two launches per call (the 192-token pair, then the default form), on a routing whose
     default-form tiles fit the default form's grid in one wave (rows multiples of 128) and on one whose tiles do
     not: within one rounding of the CPU's. Each launch alone under its rule computes the calls the rule gives
     it and leaves `out` untouched on the others."""
-    from nvfp4_group_gemm import hopper, moe, submission
+    from nvfp4_group_gemm import hopper, hopper_policy, moe, submission
     forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
              hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
     n, k, tokens = 1024, 256, 2048
-    one_wave = hopper.moe_one_wave_ctas(moe.token_capacity(tokens), 4, n, submission.sm_count(0))
+    one_wave = hopper_policy.moe_one_wave_ctas(moe.token_capacity(tokens), 4, n, submission.sm_count(0))
     for sizes, fits in (((512, 512, 768, 256), True), ((500, 530, 770, 248), False)):
         default_tiles = sum(submission.ceil_div(m, 128) for m in sizes) * n // 128
         assert (default_tiles <= one_wave) == fits, (sizes, default_tiles, one_wave)  # the routings' premise
@@ -638,7 +639,7 @@ def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
         moe.run_kernel(forms, problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
         within_one_rounding(out, cpu)
         stream = submission.current_stream_handle(0)
-        for form, rule in zip(forms, hopper.MOE_TWO_FORM_RULES):
+        for form, rule in zip(forms, hopper_policy.MOE_TWO_FORM_RULES):
             plan = moe.KernelPlan((form,), 0, stream, 4, n, k, moe.token_capacity(tokens))
             plan.rules = (rule,)
             assert plan.one_wave_ctas == one_wave

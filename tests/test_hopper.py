@@ -11,6 +11,7 @@ from conftest import BENCHMARK_CASES, TEST_CASES
 from nvfp4_group_gemm import peers
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
+hopper_policy = pytest.importorskip("nvfp4_group_gemm.hopper_policy")
 from nvfp4_group_gemm import submission  # noqa: E402  (after hopper, which registers its path)
 
 
@@ -114,8 +115,8 @@ def test_sm90_goes_to_the_registered_hopper_kernel_and_falls_back_without_it(mon
     submission._path_for_index.cache_clear()
     try:
         # importing hopper registered it (submission never imports hopper)
-        assert submission.EXTRA_PATHS[(9, 0)] == (hopper.PATH_HOPPER, hopper.run_sm90)
-        assert submission._path_for_index(0) == (hopper.PATH_HOPPER, hopper.run_sm90)
+        assert submission.EXTRA_PATHS[(9, 0)] == (hopper_policy.PATH_HOPPER, hopper_policy.run_sm90)
+        assert submission._path_for_index(0) == (hopper_policy.PATH_HOPPER, hopper_policy.run_sm90)
         submission._path_for_index.cache_clear()
         monkeypatch.setattr(submission, "EXTRA_PATHS", {})  # hopper.py absent (the leaderboard)
         assert submission._path_for_index(0) == (submission.PATH_NONE, None)
@@ -149,7 +150,7 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
     pair = hopper.SM90_CONFIGS[PAIR]
     assert pair.cta_group == 2 and pair.tile_n == 2 * hopper.WEIGHT_ROWS and pair.tile_m == hopper.SM90_CONFIG.tile_m
     # each pair form won a benchmark on an H200 (docs/hopper.md): sm90_choice's
-    assert {name for name in hopper.SM90_TILE_COST_NS if hopper.SM90_CONFIGS[name].cta_group == 2} == {
+    assert {name for name in hopper_policy.SM90_TILE_COST_NS if hopper.SM90_CONFIGS[name].cta_group == 2} == {
         PAIR, "sm90-192x256-k64-wr-pair"}
     assert hopper.ab_consumer_arrives(pair) == 2 * hopper.WARP_ROLES.consumer_warps
     assert hopper.ab_consumer_arrives(hopper.SM90_CONFIG) == hopper.WARP_ROLES.consumer_warps
@@ -167,15 +168,15 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
         assert sorted(b for b in blocks if b < n // 128) == list(range(n // 128))
         assert len(blocks) - n // 128 == (n // 128) % 2
     bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
-    plan = submission.shape_plan(bench0, -1, 132, pair.with_schedule(hopper.sm90_schedule(bench0, 132, pair)))
+    plan = submission.shape_plan(bench0, -1, 132, pair.with_schedule(hopper_policy.sm90_schedule(bench0, 132, pair)))
     assert plan.tiles == 11 * 16 and plan.ctas == 66  # more tiles than pairs: round-robin (narrow tiles last)
     assert plan.config.schedule == submission.Schedule(groups_by_m=True)
     pair192 = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
-    plan = submission.shape_plan(bench0, -1, 132, pair192.with_schedule(hopper.sm90_schedule(bench0, 132, pair192)))
+    plan = submission.shape_plan(bench0, -1, 132, pair192.with_schedule(hopper_policy.sm90_schedule(bench0, 132, pair192)))
     assert plan.tiles == 9 * 16 and plan.ctas == submission.persistent_ctas(144, 66, balanced=True) <= 66
     assert plan.config.schedule == submission.Schedule(True, True, True)  # more tiles than pairs
     one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))
-    assert hopper.sm90_schedule(one_wave, 132, pair) == submission.Schedule()  # 64 tiles, 66 pairs
+    assert hopper_policy.sm90_schedule(one_wave, 132, pair) == submission.Schedule()  # 64 tiles, 66 pairs
     assert submission.shape_plan(one_wave, -1, 132, pair).ctas == 64
 
 
@@ -202,7 +203,7 @@ def test_narrow_tiles_come_last_and_every_tile_once():
         assert sum(hopper.wide_m_tiles(m, 128, 64) * submission.ceil_div(n, 256)
                    for m, n, _, _ in sizes) == flags.count(False)
     bench0 = tuple((m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160))
-    schedule = hopper.sm90_schedule(bench0, 132, narrow)
+    schedule = hopper_policy.sm90_schedule(bench0, 132, narrow)
     assert schedule == submission.Schedule(groups_by_m=True)
     order = submission.group_order(bench0, schedule)
     tiles = hopper.narrow_last_tiles([bench0[g] for g in order], 128, 256, 64)
@@ -211,12 +212,12 @@ def test_narrow_tiles_come_last_and_every_tile_once():
     assert pairs == 66 and max(len(p) - sum(p) for p in per_pair) == 2  # at most two wide tiles per pair
     assert max(len(p) for p in per_pair) == 3
     # the cost model in that order
-    share = hopper.SM90_NARROW_TILE_SHARE[NARROW]
+    share = hopper_policy.SM90_NARROW_TILE_SHARE[NARROW]
     assert 0 < share < 1
-    assert hopper.tile_weights(bench0, narrow, schedule) == [7168 * (share if t[3] else 1.0) for t in tiles]
-    assert hopper.busiest_cta_cost(bench0, 132, narrow) == pytest.approx(
-        (2 + share) * 7168 * hopper.SM90_TILE_COST_NS[NARROW])
-    assert hopper.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == 3 * 7168 * hopper.SM90_TILE_COST_NS[
+    assert hopper_policy.tile_weights(bench0, narrow, schedule) == [7168 * (share if t[3] else 1.0) for t in tiles]
+    assert hopper_policy.busiest_cta_cost(bench0, 132, narrow) == pytest.approx(
+        (2 + share) * 7168 * hopper_policy.SM90_TILE_COST_NS[NARROW])
+    assert hopper_policy.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == 3 * 7168 * hopper_policy.SM90_TILE_COST_NS[
         hopper.SM90_CONFIG.tile_name]
 
 
@@ -227,7 +228,7 @@ def config_setting_names():
     accepted = set()
     for name in names:
         try:
-            assert hopper.config_from_setting(name).tile_name == name
+            assert hopper_policy.config_from_setting(name).tile_name == name
             accepted.add(name)
         except ValueError:
             pass
@@ -272,13 +273,13 @@ def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout(
 
 
 def test_the_configuration_setting():
-    assert hopper.config_from_setting(None) is hopper.config_from_setting("") is hopper.SM90_CONFIG
-    assert hopper.config_from_setting("sm90-192x256-k64-wr-pair") == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
-    assert hopper.config_from_setting("sm90-192x256-k64-wr-pair/round-robin") == hopper.SM90_CONFIGS[
+    assert hopper_policy.config_from_setting(None) is hopper_policy.config_from_setting("") is hopper.SM90_CONFIG
+    assert hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair") == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
+    assert hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair/round-robin") == hopper.SM90_CONFIGS[
         "sm90-192x256-k64-wr-pair"]
     assert config_setting_names() == set(hopper.SM90_CONFIGS) | {hopper.SM90_NO_PDL.tile_name}
     with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG 'k99': expected one of sm90-"):
-        hopper.config_from_setting("k99")
+        hopper_policy.config_from_setting("k99")
 
 
 def test_the_register_budget_counts_warps_per_scheduler():
@@ -338,17 +339,17 @@ def test_a_warps_fragment_loads_read_consecutive_bytes(tile_k):
 
 def test_a_setting_may_name_a_schedule():
     """CONFIG_ENV "NAME/SCHEDULE" (or "/SCHEDULE" for the default form): how the schedules are timed on an H200."""
-    config = hopper.config_from_setting("/contiguous+balanced")
+    config = hopper_policy.config_from_setting("/contiguous+balanced")
     assert config.schedule == submission.Schedule(contiguous=True, balanced_ctas=True)
     assert config.with_schedule(submission.Schedule()) == hopper.SM90_CONFIG
     assert config.name == f"{hopper.SM90_CONFIG.tile_name}/contiguous+balanced"
-    named = hopper.config_from_setting(f"{hopper.SM90_CONFIG.tile_name}-no-pdl/by-m")
+    named = hopper_policy.config_from_setting(f"{hopper.SM90_CONFIG.tile_name}-no-pdl/by-m")
     assert not named.pdl and named.diagnostic is None
     assert named.schedule.groups_by_m and not named.schedule.contiguous
     with pytest.raises(ValueError, match="unknown"):
-        hopper.config_from_setting("/diagonal")
+        hopper_policy.config_from_setting("/diagonal")
     with pytest.raises(ValueError, match="expected one of"):
-        hopper.config_from_setting("sm90-nonesuch/contiguous")
+        hopper_policy.config_from_setting("sm90-nonesuch/contiguous")
 
 
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
@@ -410,31 +411,31 @@ def test_the_moe_forms_choice_needs_only_the_hosts_sizes():
     import statistics
     for shape in ((1024, 8, 4096, 7168), (1024, 8, 7168, 2048), (16384, 256, 256, 256), (1, 1, 256, 256),
                   (5, 16, 256, 256)):
-        config = hopper.moe_choice(*shape, 132)
+        config = hopper_policy.moe_choice(*shape, 132)
         assert config.device_offsets and config.tile_name in hopper.SM90_MOE_CONFIGS
-        hopper.moe_choice.cache_clear()
-        assert hopper.moe_choice(*shape, 132) == config
+        hopper_policy.moe_choice.cache_clear()
+        assert hopper_policy.moe_choice(*shape, 132) == config
         tokens, experts, n, _ = shape
         most = ((tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m
                 * submission.ceil_div(n, config.tile_n))
         assert config.schedule.contiguous == (most > 132 // config.cta_group and not config.narrow_tokens)
-    routings = hopper.moe_routings(16384, 64, samples=8)
+    routings = hopper_policy.moe_routings(16384, 64, samples=8)
     assert all(sum(r) == 16384 and len(r) == 64 for r in routings)
     variation = statistics.mean(statistics.pstdev(r) / statistics.mean(r) for r in routings)
-    assert abs(variation - hopper.MOE_LOAD_VARIATION) < 0.15, variation
+    assert abs(variation - hopper_policy.MOE_LOAD_VARIATION) < 0.15, variation
 
 
 def test_the_moe_form_setting_names_a_form_or_says_which_there_are(monkeypatch):
     """MOE_FORM_ENV (to time each form on a workload): a form of SM90_MOE_CONFIGS with its schedule, alone; a
     wrong name is a ValueError naming the setting and the forms; unset, moe_choice's first."""
-    monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs/contiguous")
-    form, = hopper.moe_forms(512, 2, 4096, 1536, 132)
+    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs/contiguous")
+    form, = hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
     assert form.tile_name == "sm90-128x128-k128-wr-offs" and form.schedule.contiguous
-    monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr")
-    with pytest.raises(ValueError, match=f"{hopper.MOE_FORM_ENV}.*sm90-128x128-k128-wr-offs"):
-        hopper.moe_forms(512, 2, 4096, 1536, 132)
-    monkeypatch.delenv(hopper.MOE_FORM_ENV)
-    assert hopper.moe_forms(512, 2, 4096, 1536, 132)[0] == hopper.moe_choice(512, 2, 4096, 1536, 132)
+    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr")
+    with pytest.raises(ValueError, match=f"{hopper_policy.MOE_FORM_ENV}.*sm90-128x128-k128-wr-offs"):
+        hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
+    monkeypatch.delenv(hopper_policy.MOE_FORM_ENV)
+    assert hopper_policy.moe_forms(512, 2, 4096, 1536, 132)[0] == hopper_policy.moe_choice(512, 2, 4096, 1536, 132)
 
 
 @pytest.mark.parametrize("shape", [(512, 2, 4096, 1536), (1024, 8, 4096, 7168), (1024, 8, 7168, 2048),
@@ -444,13 +445,13 @@ def test_the_default_form_follows_where_some_routing_fits_its_grid_in_one_wave(s
     routings whose rows are multiples of 128 fit the default form's grid in one wave, and not every routing
     does."""
     tokens, experts, n, k = shape
-    forms = hopper.moe_forms(*shape, 132)
-    choice = hopper.moe_choice(*shape, 132)
+    forms = hopper_policy.moe_forms(*shape, 132)
+    choice = hopper_policy.moe_choice(*shape, 132)
     default = hopper.SM90_CONFIG.tile_name + "-offs"
     default_ctas = min(132, (tokens + 127 * min(experts, tokens)) // 128 * (n // 128))
-    assert hopper.moe_one_wave_ctas(tokens, experts, n, 132) == default_ctas
+    assert hopper_policy.moe_one_wave_ctas(tokens, experts, n, 132) == default_ctas
     most = (tokens + 127 * min(experts, tokens)) // 128 * (n // 128)
     fits = -(-tokens // 128) * (n // 128) <= default_ctas < most
     assert forms[0] == choice
     assert [f.tile_name for f in forms[1:]] == ([default] if choice.tile_name != default and fits else [])
-    assert len(forms) == len(hopper.MOE_TWO_FORM_RULES) or len(forms) == 1
+    assert len(forms) == len(hopper_policy.MOE_TWO_FORM_RULES) or len(forms) == 1

@@ -14,6 +14,7 @@ from test_compile import DSL_INSTALLS, env_for
 from nvfp4_group_gemm import compile_gate
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
+hopper_policy = pytest.importorskip("nvfp4_group_gemm.hopper_policy")
 # the kernels the Hopper compile gate compiles
 SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS,
               **{f"{name}-bf16": dataclasses.replace(c, bf16_output=True)
@@ -71,7 +72,7 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
     assert [p["problem_sizes"] for p in plans[:14]] == expected
     # custom_kernel's choice (sm90_choice): benchmark 0 takes the narrow pair, benchmark 1 the 192-token pair,
     # every shape set its schedule
-    assert all(p["config"] == hopper.sm90_choice(tuple(map(tuple, p["problem_sizes"])), 132).name
+    assert all(p["config"] == hopper_policy.sm90_choice(tuple(map(tuple, p["problem_sizes"])), 132).name
                and p["tiles"] >= 1 for p in plans)
     assert plans[10]["config"] == "sm90-128x256-k128-wr-pair-narrow/by-m"
     assert plans[11]["config"] == "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m"

@@ -6,6 +6,7 @@ import pytest
 from conftest import BENCHMARK_CASES
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
+hopper_policy = pytest.importorskip("nvfp4_group_gemm.hopper_policy")
 from nvfp4_group_gemm import submission  # noqa: E402  (after hopper, which registers its path)
 
 SNAPSHOT = "tuning snapshot (docs/hopper.md's measurements): update it with a new measurement, not to pass"
@@ -22,8 +23,8 @@ def test_snapshot_schedules_each_shape_set_as_measured_fastest_unless_the_settin
     assert submission.tile_count(multi_wave, hopper.SM90_CONFIG) > sms >= submission.tile_count(
         one_wave, hopper.SM90_CONFIG)
     for setting in (None, "", hopper.SM90_CONFIG.tile_name, "sm90-192x256-k64-wr-pair"):
-        launcher = hopper.launcher_for_setting(setting)
-        base = hopper.config_from_setting(setting)  # unset: sm90_choice keeps the default form on these
+        launcher = hopper_policy.launcher_for_setting(setting)
+        base = hopper_policy.config_from_setting(setting)  # unset: sm90_choice keeps the default form on these
         assert launcher.config is None
         plan = submission.shape_plan(multi_wave, -1, sms, launcher.config, launcher.choose)
         assert plan.config.schedule == submission.Schedule(True, True, True), SNAPSHOT
@@ -34,7 +35,7 @@ def test_snapshot_schedules_each_shape_set_as_measured_fastest_unless_the_settin
         assert plan.ctas == submission.persistent_ctas(plan.tiles, units, balanced=True) < units
         plan = submission.shape_plan(one_wave, -1, sms, launcher.config, launcher.choose)
         assert plan.config.schedule == submission.Schedule() and plan.order == (0, 1) and plan.ctas == plan.tiles
-    fixed = hopper.launcher_for_setting("/contiguous")
+    fixed = hopper_policy.launcher_for_setting("/contiguous")
     assert fixed.config.schedule == submission.Schedule(contiguous=True)
     assert submission.shape_plan(one_wave, -1, sms, fixed.config, fixed.choose).config is fixed.config
     # the launcher passes the device's SM count to its chooser
@@ -52,19 +53,19 @@ def test_snapshot_a_pair_form_where_the_cost_model_says_it_cuts_the_busiest_pair
     and a narrow one per busiest pair, for 3 per CTA), the 192-token pair on benchmark 1 (252 tiles, 4 per pair,
     for 728, 6 per CTA), the default on the one-wave benchmarks; the busiest CTA's cost counts each tile's K."""
     sms = 132
-    picks = [hopper.sm90_choice(tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])),
+    picks = [hopper_policy.sm90_choice(tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])),
                                 sms).name for c in BENCHMARK_CASES]
     assert picks == ["sm90-128x256-k128-wr-pair-narrow/by-m", "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m",
                      "sm90-128x128-k128-wr/round-robin", "sm90-128x128-k128-wr/round-robin"], SNAPSHOT
     wide, default = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"], hopper.SM90_CONFIG
     sizes = tuple((m, 7168, 2048, 1) for m in (40, 76, 168, 72, 164, 148, 196, 160))
-    assert hopper.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper.SM90_TILE_COST_NS[default.tile_name]
-    assert hopper.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper.SM90_TILE_COST_NS[wide.tile_name]
+    assert hopper_policy.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper_policy.SM90_TILE_COST_NS[default.tile_name]
+    assert hopper_policy.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper_policy.SM90_TILE_COST_NS[wide.tile_name]
     # one tile per CTA or pair: a pair's tile costs more than the default's
-    assert all(hopper.SM90_TILE_COST_NS[name] > hopper.SM90_TILE_COST_NS[default.tile_name]
-               for name in hopper.SM90_TILE_COST_NS if name != default.tile_name)
+    assert all(hopper_policy.SM90_TILE_COST_NS[name] > hopper_policy.SM90_TILE_COST_NS[default.tile_name]
+               for name in hopper_policy.SM90_TILE_COST_NS if name != default.tile_name)
     # groups of different K: the CTA holding the long group's tiles is the busiest
     mixed = ((128, 128, 8192, 1), (128, 128, 256, 1))
-    assert hopper.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper.SM90_TILE_COST_NS[default.tile_name]
-    assert hopper.busiest_cta_cost(mixed, 2, default) == 8192 * hopper.SM90_TILE_COST_NS[default.tile_name]
-    assert hopper.launcher_for_setting(None).choose is hopper.sm90_choice
+    assert hopper_policy.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper_policy.SM90_TILE_COST_NS[default.tile_name]
+    assert hopper_policy.busiest_cta_cost(mixed, 2, default) == 8192 * hopper_policy.SM90_TILE_COST_NS[default.tile_name]
+    assert hopper_policy.launcher_for_setting(None).choose is hopper_policy.sm90_choice

@@ -404,10 +404,10 @@ def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch, bo
 
 
 def test_two_hopper_forms_share_a_plan_and_the_device_chooses(monkeypatch, bound):
-    """Where hopper.moe_forms gives two forms, each call launches both on the plan's one memory, in that order,
+    """Where hopper_policy.moe_forms gives two forms, each call launches both on the plan's one memory, in that order,
     with no group size: the first takes the calls past the default form's one wave, the second (the default)
     those within it, both told the default form's grid; each its own grid."""
-    from nvfp4_group_gemm import hopper, submission
+    from nvfp4_group_gemm import hopper, hopper_policy, submission
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
@@ -420,7 +420,7 @@ def test_two_hopper_forms_share_a_plan_and_the_device_chooses(monkeypatch, bound
     most_pair = (moe.token_capacity(202) + 191 * 4) // 192 * 1
     assert pair_first[1][16:] == (min(most_default, 132), hopper.MOE_PAST_ONE_WAVE, min(most_pair, 66))
     assert default_first[1][16:] == (min(most_default, 132), hopper.MOE_IN_ONE_WAVE, min(most_default, 132))
-    assert pair_first[1][16] == hopper.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
+    assert pair_first[1][16] == hopper_policy.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
 
 
 def hopper_plan_on_the_cpu(monkeypatch, capturing: list):
@@ -536,17 +536,17 @@ def test_an_eager_call_skips_the_torch_ops_dispatch_and_checks_once(monkeypatch)
 
 
 def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
-    """kernel_forms' choice (hopper.moe_forms models sampled routings) is made once per device capability, T, E,
+    """kernel_forms' choice (hopper_policy.moe_forms models sampled routings) is made once per device capability, T, E,
     N, K, SM count, output type and form setting, and is the choice itself."""
     import dataclasses
-    from nvfp4_group_gemm import hopper, submission
+    from nvfp4_group_gemm import hopper, hopper_policy, submission
     moe.forms_for.cache_clear()
-    expected = tuple(dataclasses.replace(c, bf16_output=True) for c in hopper.moe_forms(512, 2, 4096, 1536, 132))
+    expected = tuple(dataclasses.replace(c, bf16_output=True) for c in hopper_policy.moe_forms(512, 2, 4096, 1536, 132))
     assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) == expected
     assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) is moe.forms_for((9, 0), 512, 2, 4096, 1536,
                                                                                        132, True, None)
     assert moe.forms_for.cache_info().misses == 1
-    monkeypatch.setenv(hopper.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs")
+    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs")
     (named,) = moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, False, "sm90-128x128-k128-wr-offs")
     assert named.tile_name == "sm90-128x128-k128-wr-offs"
     assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (submission.MOE_CONFIG,)

@@ -98,7 +98,7 @@ def test_ptx_counts_finds_equal_and_differing_instruction_counts(tmp_path):
 def test_moe_forms_models_each_form_and_names_moe_choices_pick_without_a_gpu():
     """Without an sm_90 GPU: each form's and the op's modeled figure per routing, their means, moe_choice's
     pick and the forms the op launches; sizes that are not E experts of T rows are refused."""
-    from nvfp4_group_gemm import hopper
+    from nvfp4_group_gemm import hopper_policy
     run = lambda *extra: subprocess.run([sys.executable, "scripts/moe_forms.py", "512", "2", "4096", "1536", *extra],
                                         cwd=ROOT, capture_output=True, text=True, timeout=300,
                                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
@@ -107,8 +107,8 @@ def test_moe_forms_models_each_form_and_names_moe_choices_pick_without_a_gpu():
     assert "model only" in done.stdout and "named: rows 128..384" in done.stdout
     # three forms and the op as launched: two samples, the named, the means
     assert len(re.findall(r"model +[0-9.]+ us", done.stdout)) == 4 * (2 + 1 + 1)
-    assert f"moe_choice: {hopper.moe_choice(512, 2, 4096, 1536, 132).name}" in done.stdout
-    assert "moe_forms: " + " then ".join(f.name for f in hopper.moe_forms(512, 2, 4096, 1536, 132)) in done.stdout
+    assert f"moe_choice: {hopper_policy.moe_choice(512, 2, 4096, 1536, 132).name}" in done.stdout
+    assert "moe_forms: " + " then ".join(f.name for f in hopper_policy.moe_forms(512, 2, 4096, 1536, 132)) in done.stdout
     # the named routing (rows multiples of 128) fits the default form's one wave: the op is modeled as it
     named = done.stdout.split("named:")[1].split("mean over")[0]
     figure = lambda name: re.search(re.escape(name) + r" +model +([0-9.]+) us", named).group(1)
