@@ -34,10 +34,10 @@ python -m venv "$work/venv"
 cd "$work"
 "$work/venv/bin/python" -c "import nvfp4_group_gemm, sys; print('imports as', nvfp4_group_gemm.__name__)" \
     || fail "import nvfp4_group_gemm"
-for name in eval task reference harness submission hopper portable hostbench; do
+for name in eval task reference harness submission hopper hopper_policy portable hostbench; do
     if "$work/venv/bin/python" -c "import $name" 2>/dev/null; then fail "'import $name' works: a top-level module"; fi
 done
-echo "no top-level eval, task, reference, harness, submission, hopper, portable, hostbench"
+echo "no top-level eval, task, reference, harness, submission, hopper, hopper_policy, portable, hostbench"
 "$work/venv/bin/nvfp4-group-gemm" tests >"$work/tests.log" 2>&1 || {
     grep -E "FAIL|rror" "$work/tests.log" | head -20; tail -20 "$work/tests.log"; fail "nvfp4-group-gemm tests"; }
 # the tests' shape sets alone, and the kernels they need
