@@ -39,6 +39,7 @@ import os
 from typing import Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 SF_VEC_SIZE = 16  # K elements per scale factor
@@ -143,6 +144,10 @@ class Problem:
             fail("out", f"{out.dtype} {tuple(out.shape)}: expected a contiguous ({self.tokens}, {self.n}) "
                  f"{out_dtype} tensor")
         self.device, self.out_dtype = device, out_dtype
+
+    def new_output(self) -> torch.Tensor:
+        """A (T, N) output of the call's type on its device, unwritten."""
+        return torch.empty(self.tokens, self.n, dtype=self.out_dtype, device=self.device)
 
 
 def check_offsets(offs: torch.Tensor, tokens: int, a_scale: torch.Tensor, width: int) -> None:
@@ -276,6 +281,11 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
+def cuda_index(tensor: torch.Tensor) -> int:
+    """The index of the CUDA device `tensor` is on ("cuda" alone: the current device)."""
+    return tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+
+
 def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
     """The configurations of the kernels launched for this call (`hopper_policy.moe_forms` on sm_90: one, or two
     the device chooses between; `submission.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
@@ -293,7 +303,7 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
         return None  # the kernels read a per-expert scale as an array
     if any(t.data_ptr() % submission.PTR_ALIGN_BYTES for t in (a, b, a_scale, b_scale, out)):
         return None
-    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    index = cuda_index(a)
     capability, setting = torch.cuda.get_device_capability(index), None
     if capability == (9, 0):
         from . import hopper_policy
@@ -306,7 +316,8 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
 def forms_for(capability: tuple, tokens: int, experts: int, n: int, k: int, num_sms: int, bf16: bool,
               form_setting: Optional[str]):
     """`kernel_forms`' choice from the facts it depends on, made once per set of them (the Hopper choice models
-    sampled routings): the forms, or None where no kernel takes the call."""
+    sampled routings): the forms, or None where no kernel takes the call. `form_setting`, MOE_FORM_ENV's value,
+    which `hopper_policy.moe_forms` reads itself, is here to key the cache: a changed setting is a new choice."""
     from . import submission
     if capability == (10, 0):
         configs = (submission.MOE_CONFIG,)
@@ -357,7 +368,8 @@ class KernelPlan:
                                                 submission.sm_count(device_index) // c.cta_group) for c in configs]
         self.experts, self.n, self.k = experts, n, k
         self.stream = stream
-        self.captured = submission.stream_capturing()  # launched in a capture: a graph may replay it
+        self.stream_capturing = submission.stream_capturing
+        self.captured = self.stream_capturing()  # made or launched in a capture: a graph may replay it
         self.one_kernel = compiled[0].build_tensormaps is None
         if self.one_kernel:
             from . import hopper, hopper_policy
@@ -369,8 +381,7 @@ class KernelPlan:
             # graph's replays alone, so its first launch outside one zeroes it first
             self.counters = self.memory[config.plan_layout.fixed_offset(experts) // 8:
                                         config.plan_layout.scratch_offset(experts) // 8]
-            self.zero_first = submission.stream_capturing()
-            self.stream_capturing = submission.stream_capturing
+            self.zero_first = self.captured
             return
         if len(configs) != 1:
             raise ValueError(f"{[c.name for c in configs]}: a builder's form launches alone")
@@ -385,8 +396,7 @@ class KernelPlan:
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
         """On the plan's stream: the kernel (or kernels), or the builder (tables, alphas and descriptors from
         `offs` and the global scales), then the GEMM."""
-        from . import submission
-        self.captured = self.captured or submission.stream_capturing()
+        self.captured = self.captured or self.stream_capturing()
         scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
         counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
         if self.one_kernel:
@@ -434,10 +444,9 @@ class PlanCache:
         return plan
 
     def trim(self, keep=None) -> None:
-        droppable = [k for k, p in self.plans.items() if not p.captured and k != keep]
-        held = sum(self.plans[k].nbytes for k in droppable) + (
-            self.plans[keep].nbytes if keep in self.plans and not self.plans[keep].captured else 0)
-        for key in droppable:
+        """Drop the least recently used uncaptured plans, `keep` never, while theirs is over the limit."""
+        held = sum(p.nbytes for p in self.plans.values() if not p.captured)
+        for key in [k for k, p in self.plans.items() if not p.captured and k != keep]:
             if held <= self.limit:
                 break
             held -= self.plans.pop(key).nbytes
@@ -467,7 +476,7 @@ def release_plans() -> None:
 def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
     """`configs` (`kernel_forms`' or one form's tuple) on this call, with the plan its stream keeps for them."""
     from . import submission
-    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    index = cuda_index(a)
     with torch.cuda.device(index):
         stream = submission.current_stream_handle(index)
         key = (index, stream, tuple(configs), problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
@@ -505,7 +514,7 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale
                 offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
                 out_dtype: torch.dtype) -> torch.Tensor:
     problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None)
-    out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
+    out = problem.new_output()
     run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     return out
 
@@ -539,7 +548,6 @@ def plain_eager(*tensors) -> bool:
     """Whether a call may skip the torch op's dispatch (in eager mode most of a call's host time): nothing
     traces it (torch.compile, a torch function or dispatch mode such as fake tensors'), every tensor is a plain
     torch.Tensor and none asks for gradients. The op runs the same computation either way."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode():
         return False
     return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
@@ -562,7 +570,7 @@ def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.T
         check_offsets(offs, problem.tokens, a_scale, problem.width)
     if validate or plain_eager(a, b, a_scale, b_scale, offs, a_global, b_global, out):
         if out is None:
-            out = torch.empty(problem.tokens, problem.n, dtype=out_dtype, device=a.device)
+            out = problem.new_output()
         run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
         return out
     if out is None:

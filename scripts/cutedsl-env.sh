@@ -47,8 +47,8 @@ use_cutedsl_release() {
 }
 
 if [ -z "$(cutedsl_version)" ]; then
-  newest=$(ls .cutedsl/cutedsl-*.tar.xz 2>/dev/null | sed 's/.*cutedsl-\(.*\)\.tar\.xz/\1/' | sort -V | tail -1)
-  [ -n "$newest" ] && use_cutedsl_release "$newest"
+  cutedsl_newest=$(ls .cutedsl/cutedsl-*.tar.xz 2>/dev/null | sed 's/.*cutedsl-\(.*\)\.tar\.xz/\1/' | sort -V | tail -1)
+  [ -n "$cutedsl_newest" ] && use_cutedsl_release "$cutedsl_newest"
 fi
 [ -d .lbref ] && export LEADERBOARD_REFERENCE_DIR=$PWD/.lbref
 true

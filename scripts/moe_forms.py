@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     sms = submission.sm_count(0) if gpu else 132
     # each form under the schedule moe_choice gives it
-    forms = {name: hopper_policy.moe_scheduled(c, tokens, experts, n, sms) for name, c in hopper.SM90_MOE_CONFIGS.items()}
+    forms = {name: hopper_policy.moe_scheduled(c, tokens, experts, n, sms)
+             for name, c in hopper.SM90_MOE_CONFIGS.items()}
     launched = hopper_policy.moe_forms(tokens, experts, n, k, sms)
     forms[AS_LAUNCHED] = None
     print(f"T={tokens} E={experts} N={n} K={k} on {torch.cuda.get_device_name() if gpu else 'no sm_90 GPU: model only'}")
@@ -99,7 +100,8 @@ def chosen_form(launched, sizes, n: int, tokens: int, experts: int, sms: int):
         return launched[0]
     wave_tiles = sum(submission.ceil_div(m, 128) for m in sizes) * submission.ceil_div(n, 128)
     fits = wave_tiles <= hopper_policy.moe_one_wave_ctas(tokens, experts, n, sms)
-    return launched[hopper_policy.MOE_TWO_FORM_RULES.index(hopper.MOE_IN_ONE_WAVE if fits else hopper.MOE_PAST_ONE_WAVE)]
+    rule = hopper.MOE_IN_ONE_WAVE if fits else hopper.MOE_PAST_ONE_WAVE
+    return launched[hopper_policy.MOE_TWO_FORM_RULES.index(rule)]
 
 
 if __name__ == "__main__":

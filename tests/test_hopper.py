@@ -172,7 +172,8 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
     assert plan.tiles == 11 * 16 and plan.ctas == 66  # more tiles than pairs: round-robin (narrow tiles last)
     assert plan.config.schedule == submission.Schedule(groups_by_m=True)
     pair192 = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
-    plan = submission.shape_plan(bench0, -1, 132, pair192.with_schedule(hopper_policy.sm90_schedule(bench0, 132, pair192)))
+    plan = submission.shape_plan(bench0, -1, 132,
+                                 pair192.with_schedule(hopper_policy.sm90_schedule(bench0, 132, pair192)))
     assert plan.tiles == 9 * 16 and plan.ctas == submission.persistent_ctas(144, 66, balanced=True) <= 66
     assert plan.config.schedule == submission.Schedule(True, True, True)  # more tiles than pairs
     one_wave = ((128, 4096, 1536, 1), (384, 4096, 1536, 1))
@@ -217,8 +218,8 @@ def test_narrow_tiles_come_last_and_every_tile_once():
     assert hopper_policy.tile_weights(bench0, narrow, schedule) == [7168 * (share if t[3] else 1.0) for t in tiles]
     assert hopper_policy.busiest_cta_cost(bench0, 132, narrow) == pytest.approx(
         (2 + share) * 7168 * hopper_policy.SM90_TILE_COST_NS[NARROW])
-    assert hopper_policy.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == 3 * 7168 * hopper_policy.SM90_TILE_COST_NS[
-        hopper.SM90_CONFIG.tile_name]
+    assert hopper_policy.busiest_cta_cost(bench0, 132, hopper.SM90_CONFIG) == (
+        3 * 7168 * hopper_policy.SM90_TILE_COST_NS[hopper.SM90_CONFIG.tile_name])
 
 
 def config_setting_names():
@@ -274,7 +275,8 @@ def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout(
 
 def test_the_configuration_setting():
     assert hopper_policy.config_from_setting(None) is hopper_policy.config_from_setting("") is hopper.SM90_CONFIG
-    assert hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair") == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"]
+    assert (hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair")
+            == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"])
     assert hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair/round-robin") == hopper.SM90_CONFIGS[
         "sm90-192x256-k64-wr-pair"]
     assert config_setting_names() == set(hopper.SM90_CONFIGS) | {hopper.SM90_NO_PDL.tile_name}

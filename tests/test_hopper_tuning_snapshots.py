@@ -59,13 +59,14 @@ def test_snapshot_a_pair_form_where_the_cost_model_says_it_cuts_the_busiest_pair
                      "sm90-128x128-k128-wr/round-robin", "sm90-128x128-k128-wr/round-robin"], SNAPSHOT
     wide, default = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"], hopper.SM90_CONFIG
     sizes = tuple((m, 7168, 2048, 1) for m in (40, 76, 168, 72, 164, 148, 196, 160))
-    assert hopper_policy.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * hopper_policy.SM90_TILE_COST_NS[default.tile_name]
-    assert hopper_policy.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * hopper_policy.SM90_TILE_COST_NS[wide.tile_name]
+    cost = hopper_policy.SM90_TILE_COST_NS
+    assert hopper_policy.busiest_cta_cost(sizes, sms, default) == 6 * 2048 * cost[default.tile_name]
+    assert hopper_policy.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * cost[wide.tile_name]
     # one tile per CTA or pair: a pair's tile costs more than the default's
     assert all(hopper_policy.SM90_TILE_COST_NS[name] > hopper_policy.SM90_TILE_COST_NS[default.tile_name]
                for name in hopper_policy.SM90_TILE_COST_NS if name != default.tile_name)
     # groups of different K: the CTA holding the long group's tiles is the busiest
     mixed = ((128, 128, 8192, 1), (128, 128, 256, 1))
-    assert hopper_policy.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * hopper_policy.SM90_TILE_COST_NS[default.tile_name]
-    assert hopper_policy.busiest_cta_cost(mixed, 2, default) == 8192 * hopper_policy.SM90_TILE_COST_NS[default.tile_name]
+    assert hopper_policy.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * cost[default.tile_name]
+    assert hopper_policy.busiest_cta_cost(mixed, 2, default) == 8192 * cost[default.tile_name]
     assert hopper_policy.launcher_for_setting(None).choose is hopper_policy.sm90_choice

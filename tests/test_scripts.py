@@ -108,7 +108,8 @@ def test_moe_forms_models_each_form_and_names_moe_choices_pick_without_a_gpu():
     # three forms and the op as launched: two samples, the named, the means
     assert len(re.findall(r"model +[0-9.]+ us", done.stdout)) == 4 * (2 + 1 + 1)
     assert f"moe_choice: {hopper_policy.moe_choice(512, 2, 4096, 1536, 132).name}" in done.stdout
-    assert "moe_forms: " + " then ".join(f.name for f in hopper_policy.moe_forms(512, 2, 4096, 1536, 132)) in done.stdout
+    launched = hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
+    assert "moe_forms: " + " then ".join(f.name for f in launched) in done.stdout
     # the named routing (rows multiples of 128) fits the default form's one wave: the op is modeled as it
     named = done.stdout.split("named:")[1].split("mean over")[0]
     figure = lambda name: re.search(re.escape(name) + r" +model +([0-9.]+) us", named).group(1)
@@ -163,16 +164,22 @@ def line_of(path, needle: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
 
 
+def proven_pattern_lines() -> tuple:
+    """Where the Hopper kernel's proven pattern is: its SFB bulk copy (the write) and its scale-word reads."""
+    hopper = ROOT / "nvfp4_group_gemm" / "hopper.py"
+    return (f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'cute.copy(bulk, src, sSFB')}",
+            f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'scale_words = cute.recast_tensor')}")
+
+
 def test_racecheck_verdict_passes_only_the_proven_pattern(tmp_path):
     text = RACECHECK_LOG.read_text()
-    hopper = ROOT / "nvfp4_group_gemm" / "hopper.py"
-    write = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'cute.copy(bulk, src, sSFB')}"
-    read = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'scale_words = cute.recast_tensor')}"
+    write, read = proven_pattern_lines()
     done = run_verdict(tmp_path, with_lines(text, write, read))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "917504 hazards, all of the proven pattern" in done.stdout
     # the same races placed elsewhere (the epilogue's line, say), or with no line information: a failure
-    elsewhere = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'def producer(') + 2}"
+    producer = line_of(ROOT / "nvfp4_group_gemm" / "hopper.py", "def producer(")
+    elsewhere = f"nvfp4_group_gemm/hopper.py:{producer + 2}"
     for text_ in (with_lines(text, elsewhere, read), with_lines(text, write, elsewhere), text):
         done = run_verdict(tmp_path, text_)
         assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
@@ -200,10 +207,7 @@ def test_racecheck_verdict_fails_reports_it_cannot_read_and_the_pattern_outside_
     done = subprocess.run([sys.executable, "scripts/racecheck_verdict.py", "--pattern", str(log)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    hopper = ROOT / "nvfp4_group_gemm" / "hopper.py"
-    write = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'cute.copy(bulk, src, sSFB')}"
-    read = f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'scale_words = cute.recast_tensor')}"
-    two = with_lines(text, write, read).replace("1 hazard displayed (1 error", "2 hazards displayed (2 errors")
+    two = with_lines(text, *proven_pattern_lines()).replace("1 hazard displayed (1 error", "2 hazards displayed (2 errors")
     done = run_verdict(tmp_path, two)
     assert done.returncode == 1 and "the summary counts 2 reports, 1 were read" in done.stdout, done.stdout
 
