@@ -59,8 +59,13 @@ The pair forms (cta_group 2) run each tile of tile_m tokens x 256 weight rows
 on a (2,1,1) cluster: each CTA converts and multiplies its 128 weight rows,
 and loads half of each token stage into both CTAs (TMA multicast), so that the
 tokens, four fifths of a CTA's bytes per stage, are read from the L2 once per
-pair. With narrow_tokens, a group's last token tile of at most that many rows
-runs wgmma with N = narrow_tokens, and such tiles come after all others
+pair. Token widths: a tile's wgmma N is the narrowest of its form's
+`token_widths` (at most three: one mainloop each, as ptxas serializes every
+wgmma from four on) that holds the tile's rows, so that a group of 16 tokens
+multiplies 16 rows, not tile_m (each width's accumulators its own registers,
+`token_tile`); token rows past a group's end are not loaded (TMA's bounds)
+except in the MoE form (the next group's, never stored). With narrow_tokens,
+a group's last token tile of at most that many rows comes after all others
 (`NarrowLastScheduler`), so that the CTAs that run one run fewer full tiles.
 
 Warps and pipelines (`WarpRoles`, checked at import):
@@ -140,16 +145,28 @@ class Sm90TileConfig(TileConfig):
     # > 0: a group's last token tile with at most this many rows is "narrow": its wgmma has N =
     # narrow_tokens (half the work), and the narrow tiles come after all others (`NarrowLastScheduler`)
     narrow_tokens: int = 0
+    # wgmma N a token tile may run with below tile_m, ascending (`token_widths`): a tile runs the narrowest that
+    # holds its rows, so that it multiplies fewer padding rows (its weights' conversion is the same at every width)
+    widths: tuple = ()
     diagnostic: Optional[Diagnostic] = None  # only `SM90_DIAGNOSTICS` (the sweep's) set one
 
     @property
     def tile_name(self) -> str:
-        """"sm90-TMxTN-kTK-wr", then -pair, -narrow, the diagnostic and -no-pdl where they apply."""
+        """"sm90-TMxTN-kTK-wr", then -pair, -narrow, the narrower widths (-n16-64), the diagnostic and -no-pdl
+        where they apply."""
         narrow = "" if not self.narrow_tokens else (
             "-narrow" if self.narrow_tokens == self.tile_m // 2 else f"-narrow{self.narrow_tokens}")
+        widths = "".join(f"-{w}" for w in self.widths).replace("-", "-n", 1)
         return (f"sm90-{self.tile_m}x{self.tile_n}-k{self.tile_k}-wr" + ("-pair" if self.cta_group == 2 else "")
-                + narrow + (f"-{self.diagnostic.value}" if self.diagnostic else "") + ("" if self.pdl else "-no-pdl")
-                + ("-offs" if self.device_offsets else "") + ("-bf16" if self.bf16_output else ""))
+                + narrow + widths + (f"-{self.diagnostic.value}" if self.diagnostic else "")
+                + ("" if self.pdl else "-no-pdl") + ("-offs" if self.device_offsets else "")
+                + ("-bf16" if self.bf16_output else ""))
+
+    @property
+    def token_widths(self) -> tuple:
+        """The wgmma N a token tile may run with, ascending, tile_m last: a tile of r rows runs the first
+        width >= r (`widths`, else narrow_tokens, then tile_m)."""
+        return tuple(self.widths or ([self.narrow_tokens] if self.narrow_tokens else [])) + (self.tile_m,)
 
     @property
     def tile_mnk(self):
@@ -165,14 +182,15 @@ class Sm90TileConfig(TileConfig):
 
 
 # Each form is the fastest on some benchmark in a same-run H200 measurement: the default on benchmarks 2 and 3,
-# the pair with narrow last token tiles on benchmark 0, the 192-token pair on benchmark 1 (docs/hopper.md).
+# the pair with narrow last token tiles on benchmark 0, the 192-token pair on benchmark 1 (docs/hopper.md); the
+# first two with token widths 16 and 64, equal on the benchmarks and faster at 16 tokens a group (H100).
 SM90_CONFIGS = {c.tile_name: c for c in (
-    Sm90TileConfig(128, WEIGHT_ROWS, tile_k=128),
+    Sm90TileConfig(128, WEIGHT_ROWS, tile_k=128, widths=(16, 64)),
     # (2,1,1) clusters: each CTA reads half of each token stage from the L2 and multicasts it to both
-    Sm90TileConfig(128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2, narrow_tokens=64),
+    Sm90TileConfig(128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2, narrow_tokens=64, widths=(16, 64)),
     Sm90TileConfig(192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
 )}
-SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr"]  # the default form (`sm90_choice` may take a pair form)
+SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr-n16-64"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
 # The MoE op's forms (moe.py): these, each CTA computing the groups from their end rows on the device
@@ -182,6 +200,9 @@ SM90_MOE_DEFAULT = SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"]  # the defa
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
 
+# A form's token widths (`Sm90TileConfig.token_widths`), one mainloop each: from four on, ptxas (CUDA 13.0 and
+# the DSL's) serializes every wgmma "for insufficient register resources" (C7512)
+MAX_TOKEN_WIDTHS = 3
 MMA_WARPGROUPS = WEIGHT_ROWS // 64  # warpgroups 0 and 1: wgmma M = 64 each
 # Token conversion (`convert_token_share`): a unit is one row's stage (tile_k K) of one group's A; a warp
 # claims 32 * TOKEN_UNITS_PER_LANE consecutive units at a time, each lane converting TOKEN_UNITS_PER_LANE.
@@ -304,6 +325,10 @@ def check_sm90_warp_roles() -> None:
         assert config.tile_m % 8 == 0 and 8 <= config.tile_m <= 256, config
         # a narrow tile's wgmma N: a multiple of 8 below tile_m (its accumulators are the first of the tile's)
         assert config.narrow_tokens % 8 == 0 and 0 <= config.narrow_tokens < config.tile_m, config
+        # token widths likewise (each wgmma's N), at most MAX_TOKEN_WIDTHS, a narrow tile's among them
+        widths = config.token_widths
+        assert list(widths) == sorted(set(widths)) and all(w % 8 == 0 and w >= 8 for w in widths), config
+        assert config.narrow_tokens in (0, *widths) and len(widths) <= MAX_TOKEN_WIDTHS, config
         assert config.tile_k in (64, 128) and K_MULTIPLE % (2 * config.tile_k) == 0, config  # stages in pairs
         assert not config.swap_ab and SF_VEC_SIZE == 16, config
 
@@ -497,6 +522,15 @@ def sf_offset(row, kb):
     stage's scale factors (512 bytes per 64 K) of the blocked layout:
     [K/64 block][row % 32][row / 32][kb % 4]."""
     return (kb // 4) * SF_BLOCK_BYTES + (row % 32) * 16 + (row // 32) * 4 + kb % 4
+
+
+def width_index(rows, widths: tuple, integer=int):
+    """The index in `widths` (`Sm90TileConfig.token_widths`) of the narrowest that holds a token tile of `rows`
+    rows (the widest: more, the rows of later tiles). Host ints, or device Int32 with `integer` cutlass.Int32."""
+    index = integer(0)
+    for width in widths[:-1]:  # unrolled while tracing
+        index += integer(rows > width)
+    return index
 
 
 # =============================================================================
@@ -1083,13 +1117,6 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         """Each warp's role (WarpRoles), over the tiles and tables in `tokens`."""
         problem_sizes = tokens.problem_sizes
         layouts = self.make_layouts()
-        # every role walks the same tiles, each with its own copy of this state
-        if cutlass.const_expr(self.config.narrow_tokens):
-            scheduler = NarrowLastScheduler.create(problem_sizes, tokens.num_groups, total_tiles, self.tile_mnk,
-                                                   self.config.schedule.contiguous, self.config.narrow_tokens)
-        else:
-            scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
-                                             self.config.schedule.contiguous)
         # an MMA warp's staged token units: its rows in the token stages, which no token load fills before
         # every unit is converted (`wait_for_tokens`)
         token_staging = storage.tokens.data_ptr().toint() + warp_idx * self.token_staging_bytes()
@@ -1100,8 +1127,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         if warp_idx >= self.roles.producer_warp:
             cute.arch.setmaxregister_decrease(self.roles.producer_registers)
             if warp_idx == self.roles.producer_warp:
-                self.producer(layouts, storage, ab_pipeline, problem_sizes, tokens.sf_ptrs, scheduler, producer_maps,
-                              tokens, atoms, mA, mB, rank)
+                self.producer(layouts, storage, ab_pipeline, problem_sizes, tokens.sf_ptrs,
+                              self.make_scheduler(tokens, total_tiles), producer_maps, tokens, atoms, mA, mB, rank)
         if warp_idx < self.roles.producer_warp:
             cute.arch.setmaxregister_increase(self.roles.consumer_registers)
             # A may be the previous kernel's output, C and the scratch its input
@@ -1111,11 +1138,24 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                 # this warp claims no more units: the producer may count the CTA as past the conversion
                 cute.arch.barrier_arrive(barrier_id=self.roles.tokens_ready_barrier,
                                          number_of_threads=self.roles.tokens_ready_threads)
-            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, tokens, scheduler, tidx, rank)
+            self.weights_consumer(layouts, storage, ab_pipeline, tiled_mma, tokens,
+                                  self.make_scheduler(tokens, total_tiles), tidx, rank)
         if cutlass.const_expr(self.pair):
             # neither CTA of a pair leaves while the other may still arrive at its barriers
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def make_scheduler(self, tokens: TokenWork, total_tiles):
+        """A role's walk over the tiles (every role walks the same ones, each with its own copy of the state),
+        made after the role's register reallocation: the MoE form reads its tile count again from shared
+        memory there, instead of keeping it live across (where ptxas spilled it)."""
+        if cutlass.const_expr(self.config.device_offsets):
+            total_tiles = tokens.offsets.tile_count(tokens.num_groups)
+        if cutlass.const_expr(self.config.narrow_tokens):
+            return NarrowLastScheduler.create(tokens.problem_sizes, tokens.num_groups, total_tiles, self.tile_mnk,
+                                              self.config.schedule.contiguous, self.config.narrow_tokens)
+        return TileScheduler.create(tokens.problem_sizes, total_tiles, self.tile_mnk, self.config.schedule.contiguous)
 
     def weight_tile(self, work, rank):
         """This CTA's 128-row block of the group's weights in `work` (the pair's
@@ -1315,29 +1355,22 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         sTokens = storage.tokens.get_tensor(layouts.tokens.outer, swizzle=layouts.tokens.inner)
         sC = storage.epilogue.get_tensor(self.epilogue_layout())  # (EPILOGUE_TOKENS, 64, MMA_WARPGROUPS)
         thr_mma = tiled_mma.get_slice(tidx)
-        tCsT = tiled_mma.make_fragment_B(thr_mma.partition_B(sTokens))  # (MMA, MMA_N, MMA_K, STAGE)
         w_shape = thr_mma.partition_shape_A((WEIGHT_ROWS, self.tile_k))  # (MMA, MMA_M, MMA_K)
         tCrW = (cute.make_rmem_tensor(w_shape, cutlass.Float16), cute.make_rmem_tensor(w_shape, cutlass.Float16))
         w_row = 64 * wg + 16 * (wg_tidx // 32) + (wg_tidx % 32) // 4  # A_FRAGMENT_LAYOUT
-        tCcC = thr_mma.partition_C(cute.make_identity_tensor((WEIGHT_ROWS, self.tile_m)))  # (n, m) of each accumulator
-        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        # (the weights' fragments and their row, the weights' stages) and the MMAs for `mainloop`
+        # (the weights' fragments and their row, the weights' stages) for `mainloop`
         weights = (tCrW, w_row, wg_tidx % 4, sB, sSFB)
-        wide_mma = (tiled_mma, acc, tCsT)
-        narrow_mma = None
-        if cutlass.const_expr(self.config.narrow_tokens):
-            # a narrow tile: wgmma's N is narrow_tokens, the stage's first token rows; its accumulators are
-            # the first of acc's (wgmma's C registers go 8 tokens at a time)
-            narrow = self.config.narrow_tokens
-            tiled_mma_narrow = self.make_tiled_mma(narrow)
-            thr_mma_narrow = tiled_mma_narrow.get_slice(tidx)
-            sTokens_narrow = cute.local_tile(sTokens, (narrow, self.tile_k, self.num_ab_stages), (0, 0, 0))
-            acc_narrow = cute.make_tensor(acc.iterator, cute.make_layout(
-                thr_mma_narrow.partition_shape_C((WEIGHT_ROWS, narrow))))
-            tiled_mma_narrow.set(warpgroup.Field.ACCUMULATE, True)
-            narrow_mma = (tiled_mma_narrow, acc_narrow,
-                          tiled_mma_narrow.make_fragment_B(thr_mma_narrow.partition_B(sTokens_narrow)))
+        # one MMA per token width (`token_widths`): wgmma's N is the width, the stage's first token rows
+        mmas = []
+        for width in self.config.token_widths:  # unrolled while tracing
+            tiled_mma_w = self.make_tiled_mma(width)
+            thr_mma_w = tiled_mma_w.get_slice(tidx)
+            sTokens_w = cute.composition(sTokens, (cute.make_layout(width), cute.make_layout(self.tile_k),
+                                                   cute.make_layout(self.num_ab_stages)))
+            tiled_mma_w.set(warpgroup.Field.ACCUMULATE, True)
+            mmas.append((tiled_mma_w,
+                         tiled_mma_w.make_fragment_B(thr_mma_w.partition_B(sTokens_w)),  # (MMA, MMA_N, MMA_K, STAGE)
+                         thr_mma_w.partition_C(cute.make_identity_tensor((WEIGHT_ROWS, width)))))  # (n, m) of each
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stages)
         while scheduler.has_work():
@@ -1345,20 +1378,34 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             # the epilogue's table entries, read now: their DRAM round trip (the tables leave the L2 between
             # calls) overlaps the mainloop instead of following it
             output = self.output_of(tokens, work)
-            acc.fill(0.0)
-            if cutlass.const_expr(self.config.narrow_tokens):
-                m, _, _, _ = output
-                if m - work.m_tile * self.tile_m <= self.config.narrow_tokens:
-                    state, release_state = self.mainloop(ab_pipeline, narrow_mma, weights, work, state,
-                                                         release_state)
-                else:
-                    state, release_state = self.mainloop(ab_pipeline, wide_mma, weights, work, state, release_state)
-            else:
-                state, release_state = self.mainloop(ab_pipeline, wide_mma, weights, work, state, release_state)
-            if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_EPILOGUE):
-                self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, sC[(None, None, wg)], wg,
-                              wg_tidx)
+            m, _, _, _ = output
+            rows = m - work.m_tile * self.tile_m  # this tile's rows: the rest (past tile_m) are later tiles'
+            width = self.width_index(rows)
+            for w in cutlass.range_constexpr(len(self.config.token_widths)):
+                if width == w:
+                    state, release_state = self.token_tile(mmas[w], ab_pipeline, weights, work, state,
+                                                           release_state, output, sC[(None, None, wg)], tidx, rank)
             scheduler.advance()
+
+    @cute.jit
+    def token_tile(self, mma, ab_pipeline, weights, work, state, release_state, output, staging, tidx, rank):
+        """One tile at one token width (`mma`: its tiled MMA, token fragments and accumulator coordinates): its
+        accumulators, which live only here (each width's own registers), the mainloop and the epilogue;
+        returns the pipeline states."""
+        tiled_mma, tCsT, tCcC = mma
+        m, _, _, _ = output
+        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+        acc.fill(0.0)
+        state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
+                                             release_state)
+        if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_EPILOGUE):
+            self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, m - work.m_tile * self.tile_m,
+                          staging, tidx // 128, tidx % 128)
+        return state, release_state
+
+    def width_index(self, rows):
+        """`width_index` of this form, on the device."""
+        return width_index(rows, self.config.token_widths, cutlass.Int32)
 
     @cute.jit
     def mainloop(self, ab_pipeline, mma, weights, work, state, release_state):
@@ -1401,7 +1448,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         return problem_sizes[work.group, 0], problem_sizes[work.group, 1], tables.abc_ptrs[work.group, 2], scale
 
     @cute.jit
-    def epilogue(self, acc, tCcC, output, weight_tile, m_tile, staging, wg, wg_tidx):
+    def epilogue(self, acc, tCcC, output, weight_tile, m_tile, rows_in_tile, staging, wg, wg_tidx):
         """acc times `output_of`'s factor (2^14; times alpha in the MoE form) to fp16 (bf16 in a -bf16 form)
         into C (`output`: M, N, address, factor) at token tile
         `m_tile` and weight rows 128 `weight_tile` ..; `tCcC` holds each
@@ -1417,30 +1464,32 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         if cutlass.const_expr(self.pair):
             if first_col >= n:  # a pair's half past the group's N
                 rows_stored = cutlass.Int32(0)
-        values = cute.size(acc) // (self.tile_m // EPILOGUE_TOKENS)  # per pass: the tokens' 8-column blocks
+        values = EPILOGUE_TOKENS // 2  # per pass and thread: 4 of each 8 tokens' block (the last pass: what is left)
         pieces = EPILOGUE_TOKENS * 64 // 8 // 128  # 16-byte pieces per thread and pass
-        for rows in cutlass.range_constexpr(self.tile_m // EPILOGUE_TOKENS):
-            # acc's value i: token (m) + i % 2 + 8 (i // 4), weight (n) + 8 (i // 2 % 2) (make_tiled_mma's C)
-            for i in cutlass.range_constexpr(values):
-                col, row = tCcC[values * rows + i]
-                staging[row - EPILOGUE_TOKENS * rows, col - 64 * wg] = (
-                    acc[values * rows + i] * scale).to(self.c_dtype)
-            cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)
-            for r in cutlass.range_constexpr(pieces):
-                piece = wg_tidx + 128 * r
-                token = piece // 8
-                row = first_row + EPILOGUE_TOKENS * rows + token
-                if row < rows_stored:
-                    col = first_col + 8 * (piece % 8)
-                    src = cute.make_tensor(  # 16-byte aligned: the staging's rows are 144 bytes apart
-                        cute.make_ptr(cutlass.Uint32, staging.iterator.toint() + (
-                            token * EPILOGUE_ROW_HALVES + 8 * (piece % 8)) * 2, cute.AddressSpace.smem,
-                                      assumed_align=16), cute.make_layout(4))
-                    dst = cute.make_tensor(  # 16-byte aligned: C's address, N a multiple of 128, col of 8
-                        cute.make_ptr(cutlass.Uint32, address + (cutlass.Int64(row) * n + col) * 2,
-                                      cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
-                    cute.autovec_copy(src, dst)
-            cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)  # staging free again
+        for rows in cutlass.range_constexpr(ceil_div(cute.size(acc), values)):
+            if EPILOGUE_TOKENS * rows < rows_in_tile:  # a pass with a token of the tile (a narrower tile: the first)
+                # acc's value i: token (m) + i % 2 + 8 (i // 4), weight (n) + 8 (i // 2 % 2) (make_tiled_mma's C)
+                for i in cutlass.range_constexpr(min(values, cute.size(acc) - values * rows)):
+                    col, row = tCcC[values * rows + i]
+                    staging[row - EPILOGUE_TOKENS * rows, col - 64 * wg] = (
+                        acc[values * rows + i] * scale).to(self.c_dtype)
+                cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)
+                for r in cutlass.range_constexpr(pieces):
+                    piece = wg_tidx + 128 * r
+                    token = piece // 8
+                    row = first_row + EPILOGUE_TOKENS * rows + token
+                    if row < rows_stored:
+                        col = first_col + 8 * (piece % 8)
+                        src = cute.make_tensor(  # 16-byte aligned: the staging's rows are 144 bytes apart
+                            cute.make_ptr(cutlass.Uint32, staging.iterator.toint() + (
+                                token * EPILOGUE_ROW_HALVES + 8 * (piece % 8)) * 2, cute.AddressSpace.smem,
+                                          assumed_align=16), cute.make_layout(4))
+                        dst = cute.make_tensor(  # 16-byte aligned: C's address, N a multiple of 128, col of 8
+                            cute.make_ptr(cutlass.Uint32, address + (cutlass.Int64(row) * n + col) * 2,
+                                          cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
+                        cute.autovec_copy(src, dst)
+                # the staging free again
+                cute.arch.barrier(barrier_id=self.roles.epilogue_barrier + wg, number_of_threads=128)
 
     # -------------------------------------------------------------------------
     # The tokens: converted once per call by the MMA warps of all CTAs

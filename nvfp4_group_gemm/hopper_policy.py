@@ -42,17 +42,19 @@ def scheduled_by_shape(config: Sm90TileConfig):
 # one wide tile per CTA either way) and its narrow tile's share from benchmark 0 (2 wide + 1 narrow per pair
 # against 3: 128.7 against 131.1 us); the 192-token pair x 72.5 / 78.5 of 192 x 128 on one CTA (benchmark 1,
 # 4 tiles per pair or CTA either way; that form's cost was 8.30). One wave (benchmarks 2, 3): the default.
-SM90_TILE_COST_NS = {"sm90-128x128-k128-wr": 6.64, "sm90-128x256-k128-wr-pair-narrow": 6.73,
+SM90_TILE_COST_NS = {"sm90-128x128-k128-wr-n16-64": 6.64, "sm90-128x256-k128-wr-pair-narrow-n16-64": 6.73,
                      "sm90-192x256-k64-wr-pair": 7.66}
 # A narrow form's narrow tile, as a share of its wide tile's cost (fitted on benchmark 0, where it also absorbs
 # round-robin's cost against contiguous ranges: the model has no schedule term; docs/hopper.md says where
 # that makes it weak). Likely near 1 because a narrow tile halves wgmma's work but converts all its weights.
-SM90_NARROW_TILE_SHARE = {"sm90-128x256-k128-wr-pair-narrow": 0.91}
+SM90_NARROW_TILE_SHARE = {"sm90-128x256-k128-wr-pair-narrow-n16-64": 0.91}
 
 
 def tile_weights(problem_sizes, config: Sm90TileConfig, schedule: submission.Schedule) -> list:
     """Each linear tile's K, times the narrow share for a narrow tile, in the kernel's order: groups in
-    `submission.group_order`, numbered as the form's scheduler numbers tiles (`narrow_last_tiles`)."""
+    `submission.group_order`, numbered as the form's scheduler numbers tiles (`narrow_last_tiles`). A tile's
+    token width (`Sm90TileConfig.widths`) has no term: a 16-token tile cost 0.94 of a 128-token one
+    (docs/hopper.md, "Token widths")."""
     ordered = [problem_sizes[g] for g in submission.group_order(problem_sizes, schedule)]
     if config.narrow_tokens:
         share = SM90_NARROW_TILE_SHARE[config.tile_name]
@@ -157,8 +159,8 @@ MOE_TWO_FORM_RULES = (MOE_PAST_ONE_WAVE, MOE_IN_ONE_WAVE)
 def config_from_setting(setting) -> Sm90TileConfig:
     """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration's
     `tile_name`, optionally followed by "/" and a schedule (`submission.parse_config`, e.g.
-    "sm90-128x128-k128-wr/contiguous+balanced"), or "/SCHEDULE" alone for the default configuration under that
-    schedule. How custom_kernel uses it: `launcher_for_setting`."""
+    "sm90-128x128-k128-wr-n16-64/contiguous+balanced"), or "/SCHEDULE" alone for the default configuration under
+    that schedule. How custom_kernel uses it: `launcher_for_setting`."""
     if setting in (None, ""):
         return SM90_CONFIG
     if setting.startswith("/"):

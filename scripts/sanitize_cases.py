@@ -56,7 +56,7 @@ if moe_too:  # the MoE op on one routing with a quarter of the experts empty, as
     if torch.cuda.get_device_capability() == (9, 0):  # two Hopper forms per call, each routing taken by one
         from nvfp4_group_gemm import hopper
         forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
-                 hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
+                 hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"])
         w = torch.randn(4, 1024, 256, generator=gen)
         b, b_scale = moe.quantize_experts(w)
         for sizes in ((512, 512, 768, 256), (500, 530, 770, 248)):  # the default form's one wave, then past it

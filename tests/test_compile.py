@@ -209,7 +209,7 @@ print(json.dumps({"compiles": len(calls), "plans": plans, "cached": len(submissi
 @pytest.mark.slow
 @pytest.mark.parametrize("install", DSL_INSTALLS)
 @pytest.mark.parametrize("name,arch", [("128x128/contiguous", "sm_100a"),
-                                       ("sm90-128x128-k128-wr/contiguous", "sm_90a")])
+                                       ("sm90-128x128-k128-wr-n16-64/contiguous", "sm_90a")])
 def test_the_contiguous_schedule_compiles_without_spills(install, name, arch):
     """The one compiled schedule choice (`submission.Schedule.contiguous`): CTA c takes tiles c T / C ..
     (c + 1) T / C - 1, so the scheduler divides by the grid size, which round-robin never does."""
@@ -293,7 +293,7 @@ def test_two_cta_ptx_has_the_pair_instructions(report, config):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,arch", [("128x128", "sm_100a"), ("2cta-swap-256x128", "sm_100a"),
-                                       ("sm90-128x128-k128-wr", "sm_90a")])
+                                       ("sm90-128x128-k128-wr-n16-64", "sm_90a")])
 def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
     """What we call of the DSL is not deprecated (a deprecation is the next release's breakage): a compile with
     every DeprecationWarning as an error still makes PTX. Every one: the DSL's deprecated wrappers warn from its

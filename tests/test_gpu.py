@@ -595,8 +595,7 @@ def test_moe_kernel_under_torch_compile_fullgraph():
 
 
 @needs_hopper
-@pytest.mark.parametrize("name", ["sm90-128x128-k128-wr-offs", "sm90-128x256-k128-wr-pair-narrow-offs",
-                                  "sm90-192x256-k64-wr-pair-offs"])
+@pytest.mark.parametrize("name", list(importlib.import_module("nvfp4_group_gemm.hopper").SM90_MOE_CONFIGS))
 @pytest.mark.parametrize("contiguous", [False, True])
 def test_moe_every_hopper_form_under_a_routing_with_empty_experts(name, contiguous):
     """Each form `hopper_policy.moe_choice` may pick, under both compiled schedules, on a routing with empty experts,
@@ -623,7 +622,7 @@ def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
     it and leaves `out` untouched on the others."""
     from nvfp4_group_gemm import hopper, hopper_policy, moe, submission
     forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
-             hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
+             hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"])
     n, k, tokens = 1024, 256, 2048
     one_wave = hopper_policy.moe_one_wave_ctas(moe.token_capacity(tokens), 4, n, submission.sm_count(0))
     for sizes, fits in (((512, 512, 768, 256), True), ((500, 530, 770, 248), False)):

@@ -140,7 +140,7 @@ def test_the_launcher_uses_the_hopper_tile_for_its_tables():
     assert shape.tiles == 2 + 3 and shape.ctas == 5
 
 
-PAIR = "sm90-128x256-k128-wr-pair-narrow"
+PAIR = "sm90-128x256-k128-wr-pair-narrow-n16-64"
 
 
 def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
@@ -181,7 +181,21 @@ def test_a_pair_takes_each_tile_of_two_weight_blocks_and_every_block_once():
     assert submission.shape_plan(one_wave, -1, 132, pair).ctas == 64
 
 
-NARROW = "sm90-128x256-k128-wr-pair-narrow"
+NARROW = "sm90-128x256-k128-wr-pair-narrow-n16-64"
+
+
+def test_a_token_tile_runs_the_narrowest_width_that_holds_its_rows():
+    """width_index (the kernel's choice, on host ints): the first width >= the tile's rows, the widest for more
+    (a group's earlier tiles); every form's widths ascend to tile_m, at most MAX_TOKEN_WIDTHS of them, its narrow
+    width among them."""
+    widths = (16, 64, 128)
+    assert [widths[hopper.width_index(r, widths)] for r in (1, 16, 17, 64, 65, 128, 129, 1000)] == \
+        [16, 16, 64, 64, 128, 128, 128, 128]
+    assert hopper.width_index(5, (128,)) == 0
+    for config in hopper.SM90_CONFIGS.values():
+        assert config.token_widths[-1] == config.tile_m and list(config.token_widths) == sorted(config.token_widths)
+        assert len(config.token_widths) <= hopper.MAX_TOKEN_WIDTHS
+        assert config.narrow_tokens in (0, *config.token_widths)
 
 
 def test_narrow_tiles_come_last_and_every_tile_once():
@@ -430,11 +444,11 @@ def test_the_moe_forms_choice_needs_only_the_hosts_sizes():
 def test_the_moe_form_setting_names_a_form_or_says_which_there_are(monkeypatch):
     """MOE_FORM_ENV (to time each form on a workload): a form of SM90_MOE_CONFIGS with its schedule, alone; a
     wrong name is a ValueError naming the setting and the forms; unset, moe_choice's first."""
-    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs/contiguous")
+    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64-offs/contiguous")
     form, = hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
-    assert form.tile_name == "sm90-128x128-k128-wr-offs" and form.schedule.contiguous
-    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr")
-    with pytest.raises(ValueError, match=f"{hopper_policy.MOE_FORM_ENV}.*sm90-128x128-k128-wr-offs"):
+    assert form.tile_name == "sm90-128x128-k128-wr-n16-64-offs" and form.schedule.contiguous
+    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64")
+    with pytest.raises(ValueError, match=f"{hopper_policy.MOE_FORM_ENV}.*sm90-128x128-k128-wr-n16-64-offs"):
         hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
     monkeypatch.delenv(hopper_policy.MOE_FORM_ENV)
     assert hopper_policy.moe_forms(512, 2, 4096, 1536, 132)[0] == hopper_policy.moe_choice(512, 2, 4096, 1536, 132)

@@ -55,8 +55,9 @@ def test_snapshot_a_pair_form_where_the_cost_model_says_it_cuts_the_busiest_pair
     sms = 132
     picks = [hopper_policy.sm90_choice(tuple((m, n, k, 1) for m, n, k in zip(c.args["m"], c.args["n"], c.args["k"])),
                                 sms).name for c in BENCHMARK_CASES]
-    assert picks == ["sm90-128x256-k128-wr-pair-narrow/by-m", "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m",
-                     "sm90-128x128-k128-wr/round-robin", "sm90-128x128-k128-wr/round-robin"], SNAPSHOT
+    assert picks == ["sm90-128x256-k128-wr-pair-narrow-n16-64/by-m",
+                     "sm90-192x256-k64-wr-pair/contiguous+balanced+by-m",
+                     "sm90-128x128-k128-wr-n16-64/round-robin", "sm90-128x128-k128-wr-n16-64/round-robin"], SNAPSHOT
     wide, default = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"], hopper.SM90_CONFIG
     sizes = tuple((m, 7168, 2048, 1) for m in (40, 76, 168, 72, 164, 148, 196, 160))
     cost = hopper_policy.SM90_TILE_COST_NS

@@ -384,7 +384,7 @@ def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch, bo
     from T, E, N, K, the SM count and base addresses alone (two routings bind the same values), the plan's
     token counters zero from the start (each launch leaves them so)."""
     from nvfp4_group_gemm import hopper, submission
-    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
+    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"]
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     plan, first, out = launch_two_routings(config)
@@ -411,7 +411,7 @@ def test_two_hopper_forms_share_a_plan_and_the_device_chooses(monkeypatch, bound
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
-             hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"])
+             hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"])
     plan, first, out = launch_two_routings(forms)
     pair_first, default_first, pair_second, default_second = bound
     assert (pair_first, default_first) == (pair_second, default_second)
@@ -430,7 +430,7 @@ def hopper_plan_on_the_cpu(monkeypatch, capturing: list):
     monkeypatch.setattr(submission, "compile_grouped_gemm",
                         lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
-    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-offs"]
+    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"]
     plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
     args, _ = routed((72, 0, 129, 1))
     return plan, args, torch.empty(202, 256, dtype=torch.float16)
@@ -546,9 +546,9 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
     assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) is moe.forms_for((9, 0), 512, 2, 4096, 1536,
                                                                                        132, True, None)
     assert moe.forms_for.cache_info().misses == 1
-    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-offs")
-    (named,) = moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, False, "sm90-128x128-k128-wr-offs")
-    assert named.tile_name == "sm90-128x128-k128-wr-offs"
+    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64-offs")
+    (named,) = moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, False, "sm90-128x128-k128-wr-n16-64-offs")
+    assert named.tile_name == "sm90-128x128-k128-wr-n16-64-offs"
     assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (submission.MOE_CONFIG,)
     assert moe.forms_for((8, 0), 512, 2, 4096, 1536, 108, False, None) is None
     assert moe.forms_for((9, 0), 512, hopper.MOE_MAX_EXPERTS + 1, 4096, 1536, 132, False, None) is None

@@ -113,7 +113,7 @@ def test_moe_forms_models_each_form_and_names_moe_choices_pick_without_a_gpu():
     # the named routing (rows multiples of 128) fits the default form's one wave: the op is modeled as it
     named = done.stdout.split("named:")[1].split("mean over")[0]
     figure = lambda name: re.search(re.escape(name) + r" +model +([0-9.]+) us", named).group(1)
-    assert figure("the op (moe_forms)") == figure("sm90-128x128-k128-wr-offs")
+    assert figure("the op (moe_forms)") == figure("sm90-128x128-k128-wr-n16-64-offs")
     refused = run("--sizes", "128,383")
     assert refused.returncode == 2 and "--sizes: 2 experts of 511 rows, expected 2 of 512" in refused.stderr
 
