@@ -130,6 +130,36 @@ def test_ab_table_prints_the_rounds_and_the_ratio(tmp_path):
     assert rows == [["0", "20.00", "20.00", "19.00", "19.00", "0.950"], ["1", "10.00", "10.00", "10.50", "10.50", "1.050"]]
 
 
+SWEEP_HEAD = "      N     K     M  floor us   ours us  % floor bf16 floor    gmm us  % floor  vs gmm\n"
+
+
+def test_ab_table_of_two_m_sweeps_pairs_their_points(tmp_path):
+    """scripts/ab-m-sweep.sh's table: each timed point of m_sweep.py's output by (N, K, M), new / old; a point
+    without a time (a CPU's floors-only row) is no point."""
+    rows = {"old": ("   4096  7168    16     39.91     86.24    46.3%     141.09    179.34    78.7%   2.08x\n"
+                    "   7168  2048    16     20.31     67.91    29.9%      70.82     99.99    70.8%   1.47x\n"),
+            "new": ("   4096  7168    16     39.91     43.12    92.6%     141.09    179.34    78.7%   4.16x\n"
+                    "   7168  2048    16     20.31                           70.82\n")}
+    for side, text in rows.items():
+        (tmp_path / f"{side}-1.txt").write_text(SWEEP_HEAD + text)
+    done = subprocess.run([sys.executable, "scripts/ab_table.py", "--m-sweep", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    table = [line.split() for line in done.stdout.splitlines()[1:]]
+    assert table == [["4096", "7168", "16", "86.24", "43.12", "0.500"], ["7168", "2048", "16", "67.91", "nan"]]
+
+
+def test_ab_m_sweep_runs_both_trees_and_finds_no_time_without_a_gpu(tmp_path):
+    """The A/B script on a CPU: m_sweep.py runs in both trees (floors only), so no point is timed: it says so
+    and exits 1 rather than printing an empty comparison."""
+    done = subprocess.run(["bash", "scripts/ab-m-sweep.sh", "."], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", M="16", OUT=str(tmp_path)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "=== old round 1: 0 points timed" in done.stdout and "=== new round 1: 0 points timed" in done.stdout
+    assert "no m_sweep times found" in done.stdout
+    assert "no GPU: floors only" in (tmp_path / "old-1.txt").read_text()
+
+
 def test_without_cuda_hides_every_ptxas_and_needs_a_command(tmp_path):
     fake = tmp_path / "cuda" / "bin"
     fake.mkdir(parents=True)
