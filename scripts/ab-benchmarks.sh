@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Same-run A/B of benchmark times: an older tree against this one, timed by the
-# leaderboard protocol (`eval.py benchmark`), alternating, ROUNDS times (default 2),
-# in one device call (absolute times drift between runs). Usage, from the repo root:
+# Same-run A/B: an older tree against this one, alternating, ROUNDS times (default 2), in one device call
+# (absolute times drift between runs). Usage, from the repo root:
 #   git archive OLD_REV | (mkdir -p .old && tar -x -C .old)   # here; carry .old along
 #   OUT=... bash scripts/ab-benchmarks.sh .old
-# Prints per benchmark: old and new mean us of each round, and new / old of the means.
+# By default it times the benchmarks by the leaderboard protocol (`eval.py benchmark`); with SWEEP_M=16,64,...
+# it runs scripts/m_sweep.py --m SWEEP_M instead (custom_kernel across M per group at the two expert shapes;
+# settings such as NVFP4_SM90_CONFIG apply to both trees).
+# Prints per benchmark (or per m_sweep point: N, K, M): old and new us of each round, and new / old of the
+# means (scripts/ab_table.py).
 set -uo pipefail
 old=$(cd "$1" && pwd)
 OUT=${OUT:-$PWD/ab-out}
@@ -15,10 +18,16 @@ status=0
 for round in $(seq "${ROUNDS:-2}"); do
   for side in old new; do
     dir=$PWD; [ "$side" = old ] && dir=$old
-    (cd "$dir" && POPCORN_FD=3 python3 -W ignore eval.py benchmark "$PWD/cases/benchmarks.txt" \
-        3>"$OUT/$side-$round.txt" >"$OUT/$side-$round.log" 2>&1) || status=1
-    echo "=== $side round $round: $(grep -c 'mean' "$OUT/$side-$round.txt") means, $(grep '^check' "$OUT/$side-$round.txt")"
+    if [ -n "${SWEEP_M:-}" ]; then
+      (cd "$dir" && python3 -W ignore scripts/m_sweep.py --m "$SWEEP_M" >"$OUT/$side-$round.txt" 2>&1) || status=1
+      echo "=== $side round $round: $(grep -c 'x$' "$OUT/$side-$round.txt") points timed"
+    else
+      (cd "$dir" && POPCORN_FD=3 python3 -W ignore eval.py benchmark "$PWD/cases/benchmarks.txt" \
+          3>"$OUT/$side-$round.txt" >"$OUT/$side-$round.log" 2>&1) || status=1
+      means=$(grep -c 'mean' "$OUT/$side-$round.txt")
+      echo "=== $side round $round: $means means, $(grep '^check' "$OUT/$side-$round.txt")"
+    fi
   done
 done
-python3 scripts/ab_table.py "$OUT" || status=1
+python3 scripts/ab_table.py ${SWEEP_M:+--m-sweep} "$OUT" || status=1
 exit $status

@@ -1,4 +1,4 @@
-"""The tables of scripts/ab-benchmarks.sh and scripts/ab-m-sweep.sh: per benchmark (or per m_sweep point:
+"""The tables of scripts/ab-benchmarks.sh: per benchmark (or, with SWEEP_M, per m_sweep point:
 N, K, M per group), the old and new time (us) of every round, and new / old of the means.
 Usage: python scripts/ab_table.py [--m-sweep] FOLDER (the script's output folder)."""
 import re

@@ -134,8 +134,8 @@ SWEEP_HEAD = "      N     K     M  floor us   ours us  % floor bf16 floor    gmm
 
 
 def test_ab_table_of_two_m_sweeps_pairs_their_points(tmp_path):
-    """scripts/ab-m-sweep.sh's table: each timed point of m_sweep.py's output by (N, K, M), new / old; a point
-    without a time (a CPU's floors-only row) is no point."""
+    """scripts/ab-benchmarks.sh's table with SWEEP_M: each timed point of m_sweep.py's output by (N, K, M),
+    new / old; a point without a time (a CPU's floors-only row) is no point."""
     rows = {"old": ("   4096  7168    16     39.91     86.24    46.3%     141.09    179.34    78.7%   2.08x\n"
                     "   7168  2048    16     20.31     67.91    29.9%      70.82     99.99    70.8%   1.47x\n"),
             "new": ("   4096  7168    16     39.91     43.12    92.6%     141.09    179.34    78.7%   4.16x\n"
@@ -150,10 +150,11 @@ def test_ab_table_of_two_m_sweeps_pairs_their_points(tmp_path):
 
 
 def test_ab_m_sweep_runs_both_trees_and_finds_no_time_without_a_gpu(tmp_path):
-    """The A/B script on a CPU: m_sweep.py runs in both trees (floors only), so no point is timed: it says so
-    and exits 1 rather than printing an empty comparison."""
-    done = subprocess.run(["bash", "scripts/ab-m-sweep.sh", "."], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", M="16", OUT=str(tmp_path)))
+    """The A/B script's m_sweep mode on a CPU: m_sweep.py runs in both trees (floors only), so no point is
+    timed: it says so and exits 1 rather than printing an empty comparison."""
+    done = subprocess.run(["bash", "scripts/ab-benchmarks.sh", "."], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", SWEEP_M="16", ROUNDS="1",
+                                                OUT=str(tmp_path)))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "=== old round 1: 0 points timed" in done.stdout and "=== new round 1: 0 points timed" in done.stdout
     assert "no m_sweep times found" in done.stdout
