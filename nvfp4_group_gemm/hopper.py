@@ -1384,23 +1384,24 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             for w in cutlass.range_constexpr(len(self.config.token_widths)):
                 if width == w:
                     state, release_state = self.token_tile(mmas[w], ab_pipeline, weights, work, state,
-                                                           release_state, output, sC[(None, None, wg)], tidx, rank)
+                                                           release_state, output, rows, sC[(None, None, wg)], tidx,
+                                                           rank)
             scheduler.advance()
 
     @cute.jit
-    def token_tile(self, mma, ab_pipeline, weights, work, state, release_state, output, staging, tidx, rank):
-        """One tile at one token width (`mma`: its tiled MMA, token fragments and accumulator coordinates): its
-        accumulators, which live only here (each width's own registers), the mainloop and the epilogue;
-        returns the pipeline states."""
+    def token_tile(self, mma, ab_pipeline, weights, work, state, release_state, output, rows, staging, tidx,
+                   rank):
+        """One tile of `rows` tokens at one token width (`mma`: its tiled MMA, token fragments and accumulator
+        coordinates): its accumulators, which live only here (each width's own registers), the mainloop and the
+        epilogue; returns the pipeline states."""
         tiled_mma, tCsT, tCcC = mma
-        m, _, _, _ = output
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         acc.fill(0.0)
         state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
                                              release_state)
         if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_EPILOGUE):
-            self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, m - work.m_tile * self.tile_m,
-                          staging, tidx // 128, tidx % 128)
+            self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, rows, staging, tidx // 128,
+                          tidx % 128)
         return state, release_state
 
     def width_index(self, rows):
