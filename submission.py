@@ -51,6 +51,7 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import inspect
 import itertools
 import os
 import struct
@@ -209,7 +210,7 @@ class TileConfig:
     schedule: Schedule = Schedule()
     # The MoE op's form: the group sizes follow from the groups' end rows (offs) on the device, so the GEMM
     # reads them, and the tile count, only after griddepcontrol.wait: this kernel's from the tables its builder
-    # computes (`build_from_offsets`), hopper.py's from what each CTA computes itself (`one_kernel_offsets`)
+    # computes (`moe_tables.OffsetsBuilder`), hopper.py's from what each CTA computes itself (`moe_call`)
     device_offsets: bool = False
     bf16_output: bool = False  # the MoE op's forms only (device_offsets): C in bf16 instead of fp16
 
@@ -274,8 +275,6 @@ class PlanLayout:
 
 TileConfig.plan_layout = PlanLayout()
 TILE_CONFIGS = {c.tile_name: c for c in (TileConfig(128, 128), TileConfig(128, 256, swap_ab=True))}
-# The MoE op's form (nvfp4_group_gemm/moe.py): group sizes on the device, so no shape-based choice
-MOE_CONFIG = TileConfig(128, 128, device_offsets=True)
 # 2-CTA configurations (a (2,1) cluster per tile): compiled and tested, never the model's choice until they have
 # run on a B200; CONFIG_POLICY may name them ("2cta-256x256/contiguous", ...)
 PAIR_CONFIGS = {c.tile_name: c for c in (TileConfig(256, 256, cta_group=2),
@@ -528,32 +527,6 @@ def group_alpha(problem_sizes: cute.Tensor, group):
 
 
 @cute.jit
-def global_scales_product(global_scales, group):
-    """`group`'s alpha, the product of its fp32 global scales (1 without them): `global_scales` holds (address,
-    per group) of a_global and b_global, address 0 for none, per group 1 where a scale is one per group."""
-    alpha = cutlass.Float32(1.0)
-    for address, per_group in global_scales:  # unrolled while tracing
-        if address != 0:
-            alpha = alpha * cute.make_tensor(cute.make_ptr(
-                cutlass.Float32, address + cutlass.Int64(group * per_group) * 4, cute.AddressSpace.gmem,
-                assumed_align=4), cute.make_layout(1))[0]
-    return alpha
-
-
-def moe_table_words(num_groups: int) -> int:
-    """Int64 words of the MoE form's tables: abc, sf and sizes (`table_offsets`), the tile count's row,
-    each group's alpha."""
-    _, _, sizes_at = table_offsets(num_groups)
-    return sizes_at + 2 * num_groups + 2 + ceil_div(num_groups, 2)
-
-
-def most_tiles(tokens: int, experts: int, n: int, config: TileConfig) -> int:
-    """The most linear tiles any routing of `tokens` over `experts` groups of N = `n` can make: each group one
-    partial M tile more than its rows fill, at most min(E, T) of them (the MoE form's grid bound)."""
-    return (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m * ceil_div(n, config.tile_n)
-
-
-@cute.jit
 def tiles_to_walk(problem_sizes: cute.Tensor, total_tiles, device_offsets: cutlass.Constexpr[bool]):
     """The linear tile count the CTAs walk: the host's `total_tiles`, or (the MoE form, `device_offsets`) the
     one `build_from_offsets` wrote (`tile_count_cell`), read after griddepcontrol.wait: a kernel wrote the
@@ -744,77 +717,20 @@ def plan_memory(ptr_tensormaps, num_groups):
                          stride=(TENSORMAP_I64_PER_GROUP, BYTES_PER_TENSORMAP // 8, 1)))
 
 
-def shuffle_up(value, offset: int):
-    """`value` of the lane `offset` below this one (lanes below `offset` keep their own): shfl.sync.up with
-    clamp 0, its bound being the warp's first lane. Said here, not left to the DSL's default: releases before
-    4.8 pass a clamp of 31, under which every lane keeps its own value."""
-    return cute.arch.shuffle_sync_up(value, offset=offset, mask_and_clamp=0)
-
-
-@cute.jit
-def clamped_bounds(offs: cute.Tensor, g, num_groups, tokens, carried):
-    """A warp's round of 32 groups (lane l: group g = the round's first + l): g's first row and end row, the end
-    being the largest of its and the earlier groups' ends (a running maximum: a scan across the lanes, from
-    `carried`, the end of the earlier rounds' last group), at most T. Lanes past the last group get empty
-    groups at the last end."""
-    lane = cute.arch.lane_idx()
-    end = carried
-    if g < num_groups:
-        end = offs[g]
-        if end > tokens:
-            end = tokens
-    for step in cutlass.range_constexpr(5):  # inclusive running maximum over the lanes
-        earlier = shuffle_up(end, 1 << step)
-        if lane >= (1 << step):
-            if earlier > end:
-                end = earlier
-    if carried > end:
-        end = carried
-    begin = shuffle_up(end, 1)
-    if lane == 0:
-        begin = carried
-    return begin, end
-
-
-@cute.jit
-def group_from_offsets(offs: cute.Tensor, group, num_groups, tokens, tile_m: cutlass.Constexpr[int], tiles_n):
-    """From the groups' end rows (a warp, each lane a share of the groups): `group`'s first row in A and its rows,
-    its first row P_g in the blocked SFA (the groups before it, each rounded up to 128 rows), and every group's
-    tiles (ceil(m / tile_m) x `tiles_n`). A group ends at the largest of its and the earlier groups' ends, at
-    most T (a running maximum: a scan across the lanes), so that whatever `offs` holds no group reaches past
-    row T and the groups' rows add up to at most T."""
-    lane = cute.arch.lane_idx()
-    start, rows, scale_row, tiles = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
-    carried = cutlass.Int32(0)  # the end of the last group of the lanes' earlier rounds
-    for first in cutlass.range(0, num_groups, 32, unroll=1):
-        g = first + lane
-        begin, end = clamped_bounds(offs, g, num_groups, tokens, carried)
-        m = end - begin
-        if g == group:
-            start, rows = begin, m
-        if g < group:
-            scale_row += (m + 127) // 128 * 128
-        if g < num_groups:
-            tiles += (m + tile_m - 1) // tile_m * tiles_n
-        carried = cute.arch.shuffle_sync(end, 31)
-    add = lambda x, y: x + y
-    return tuple(cute.arch.warp_reduction(x, add) for x in (start, rows, scale_row, tiles))
-
-
 class DescriptorBuilder:
     """The descriptor builder both kernels share: a small kernel, one warp per group, that writes each group's
-    TMA descriptors into the plan's table once per input (`write_group_tensormaps`), or, for the MoE op, every
-    call with the tables themselves from offs (`build_from_offsets`). A kernel class supplies
+    TMA descriptors into the plan's table once per input (`write_group_tensormaps`). A kernel class supplies
     `descriptor_atoms()` (its TMA atoms, in table-slot order) and `group_descriptor_tensors(tables, group)` (the
     group's tensors, one per atom), and may add to `after_descriptors` (runs after the descriptors, once per
     group's warp)."""
-    # A kernel class whose MoE form computes the groups from offs itself, one launch per call (hopper.py's):
-    # no builder is compiled for it, and `host_entry` names its host function.
-    one_kernel_offsets = False
 
-    def host_entry(self):
-        """The GEMM's host function and its arguments (`ArgumentSpec`)."""
-        return self, GEMM_ARGUMENTS
+    def host_functions(self) -> tuple:
+        """(name, host function, ArgumentSpec) of each host function this kernel's configuration compiles: the
+        GEMM and the descriptor builder; a MoE form's kernel class says its own (nvfp4_group_gemm/moe_tables.py,
+        hopper.py)."""
+        if self.config.device_offsets:
+            raise ValueError(f"{self.config.name}: a MoE form's kernel class names its host functions")
+        return ("gemm", self, GEMM_ARGUMENTS), ("build_tensormaps", self.build_tensormaps, GEMM_ARGUMENTS)
 
     @cute.jit
     def build_tensormaps(self, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer, ptr_sf: cute.Pointer,
@@ -840,82 +756,6 @@ class DescriptorBuilder:
 
     def after_descriptors(self, tables, group) -> None:
         """Nothing by default (after write_group_tensormaps's griddepcontrol.wait)."""
-
-    # ---- The MoE form (`TileConfig.device_offsets`): the tables too, from the groups' end rows on the device -----
-    @cute.jit
-    def build_from_offsets(self, ptr_offs: cute.Pointer, ptr_problem_sizes: cute.Pointer, ptr_abc: cute.Pointer,
-                           ptr_sf: cute.Pointer, ptr_tensormaps: cute.Pointer, num_groups: cutlass.Int32,
-                           tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_address: cutlass.Int64,
-                           b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
-                           sfb_address: cutlass.Int64, a_global_address: cutlass.Int64,
-                           b_global_address: cutlass.Int64, a_global_per_group: cutlass.Int32,
-                           b_global_per_group: cutlass.Int32, stream):
-        """The MoE form's builder (host function; `OFFSETS_BUILDER_ARGUMENTS`): offs (G,) Int32, each group's
-        end row in A; the tables it writes (the GEMM's arguments: sizes (G + 1, 4), the tile count in the row
-        after the last group's, then each group's alpha (`group_alpha`); abc, sf; the descriptor table); G, T,
-        N, K; the base addresses of A (T, K/2), B (G, N, K/2), D (T, N), SFA (blocked, group g's block from row
-        P_g) and SFB (G blocked blocks); the fp32 global scales' addresses (0: none) and whether each holds one
-        value per group."""
-        if cutlass.const_expr(self.config.swap_ab or not self.config.device_offsets):
-            raise ValueError(f"{self.config.name}: only an unswapped configuration with device_offsets builds "
-                             "its tables from offs")
-        atoms = self.descriptor_atoms()
-        self.tensormap_staging = tensormap_staging(len(atoms))
-        problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
-            ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
-        offs = cute.make_tensor(ptr_offs, cute.make_layout(num_groups))
-        self.offsets_builder(atoms, offs, problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups, tokens, n, k,
-                             a_address, b_address, c_address, sfa_address, sfb_address, a_global_address,
-                             b_global_address, a_global_per_group, b_global_per_group).launch(
-            grid=(1, 1, num_groups), block=[32, 1, 1], smem=self.tensormap_staging.size_in_bytes(), stream=stream,
-            use_pdl=self.config.pdl)
-
-    @cute.kernel
-    def offsets_builder(self, atoms: tuple, offs: cute.Tensor, problem_sizes: cute.Tensor, abc_ptrs: cute.Tensor,
-                        sf_ptrs: cute.Tensor, tensormaps: cute.Tensor, num_groups: cutlass.Int32,
-                        tokens: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_address: cutlass.Int64,
-                        b_address: cutlass.Int64, c_address: cutlass.Int64, sfa_address: cutlass.Int64,
-                        sfb_address: cutlass.Int64, a_global_address: cutlass.Int64,
-                        b_global_address: cutlass.Int64, a_global_per_group: cutlass.Int32,
-                        b_global_per_group: cutlass.Int32):
-        """One warp per group, all after griddepcontrol.wait (offs may be the previous kernel's output, and the
-        tables the previous GEMM's input): the group's rows of the tables (`group_from_offsets`), the tile
-        count (group 0) and its alpha (`group_alpha`), and its descriptors, made from those rows in registers."""
-        _, _, group = cute.arch.block_idx()
-        staging = SmemAllocator().allocate(self.tensormap_staging)
-        cute.arch.griddepcontrol_launch_dependents()  # the GEMM waits for this grid's end before reading anything
-        cute.arch.griddepcontrol_wait()
-        start, m, scale_row, tiles = group_from_offsets(offs, group, num_groups, tokens, self.config.tile_m,
-                                                        ceil_div(n, self.config.tile_n))
-        width = ceil_div(k // SF_VEC_SIZE, 4) * 4  # bytes of a blocked scale row
-        # the group's rows of the three tables, in registers: its descriptors are made from these, and lane 0
-        # stores them for the GEMM
-        sizes = cute.make_rmem_tensor((1, 4), cutlass.Int32)
-        abc = cute.make_rmem_tensor((1, 3), cutlass.Int64)
-        sf = cute.make_rmem_tensor((1, 2), cutlass.Int64)
-        sizes[0, 0], sizes[0, 1], sizes[0, 2], sizes[0, 3] = m, n, k, cutlass.Int32(1)
-        abc[0, 0] = a_address + cutlass.Int64(start) * cutlass.Int64(k // 2)
-        abc[0, 1] = b_address + cutlass.Int64(group) * cutlass.Int64(n) * cutlass.Int64(k // 2)
-        abc[0, 2] = c_address + cutlass.Int64(start) * cutlass.Int64(n) * 2
-        sf[0, 0] = sfa_address + cutlass.Int64(scale_row) * cutlass.Int64(width)
-        sf[0, 1] = sfb_address + cutlass.Int64(group) * cutlass.Int64(ceil_div(n, 128) * 128) * cutlass.Int64(width)
-        if cute.arch.lane_idx() == 0:
-            for i in cutlass.range_constexpr(4):
-                problem_sizes[group, i] = sizes[0, i]
-            for i in cutlass.range_constexpr(3):
-                abc_ptrs[group, i] = abc[0, i]
-            for i in cutlass.range_constexpr(2):
-                sf_ptrs[group, i] = sf[0, i]
-            if group == 0:
-                tile_count_cell(problem_sizes)[0] = tiles
-            group_alpha(problem_sizes, group)[0] = global_scales_product(
-                ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)), group)
-        write_group_tensormaps(atoms, self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups),
-                                                                    cutlass.Int32(0)),
-                               tensormaps, group, staging)
-        tables = (problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups)
-        self.after_descriptors(tables, group)
-
 
 # ==== The B200 kernel ================================================================================================
 # One CTA's shared-memory tensors (stage-indexed) and the slot where tcgen05.alloc writes the TMEM address.
@@ -1482,14 +1322,25 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
 
 
 # ==== Compilation: one kernel per (configuration, architecture) ======================================================
-# Two host functions of one kernel object, same arguments: the descriptor builder (once per input) and the GEMM.
-# The MoE form (`device_offsets`) adds a third: the builder that computes the tables from offs; a kernel class
-# whose MoE form computes them itself (`one_kernel_offsets`) has that form's GEMM alone.
 class CompiledGemm(NamedTuple):
-    gemm: object
-    build_tensormaps: object
+    """A configuration's kernel object and its host functions (`host_functions`), compiled: name -> (compiled
+    function, ArgumentSpec). custom_kernel's forms: "gemm" and "build_tensormaps" (the descriptor builder, once
+    per input), same arguments."""
     kernel: object
-    build_from_offsets: object = None
+    functions: Dict[str, tuple]
+
+    @property
+    def gemm(self):
+        return self.functions["gemm"][0]
+
+    @property
+    def build_tensormaps(self):
+        return self.functions["build_tensormaps"][0]
+
+    def host_function(self, name: str, device_index: int) -> "HostFunction":
+        return HostFunction(*self.functions[name], device_index)
+
+
 _compiled: Dict[tuple, CompiledGemm] = {}
 
 
@@ -1503,20 +1354,13 @@ def target_arch() -> str:
 
 
 def compile_grouped_gemm(config: TileConfig) -> CompiledGemm:
-    """The GEMM and descriptor builder of `config` (`config.make_kernel()`, here or in hopper.py), compiled once
-    per configuration and target architecture; no GPU needed when CUTE_DSL_ARCH names the target."""
+    """The host functions of `config`'s kernel (`config.make_kernel()`, here, in hopper.py or moe_tables.py),
+    compiled once per configuration and target architecture; no GPU needed when CUTE_DSL_ARCH names the target."""
     key = (config.compile_key, target_arch())
     if key not in _compiled:
         kernel = config.make_kernel()
-        gemm = compile_with_placeholders(*kernel.host_entry())
-        if config.device_offsets and kernel.one_kernel_offsets:
-            _compiled[key] = CompiledGemm(gemm, None, kernel)
-        else:
-            from_offsets = None
-            if config.device_offsets:
-                from_offsets = compile_with_placeholders(kernel.build_from_offsets, OFFSETS_BUILDER_ARGUMENTS)
-            _compiled[key] = CompiledGemm(gemm, compile_with_placeholders(kernel.build_tensormaps), kernel,
-                                          from_offsets)
+        _compiled[key] = CompiledGemm(kernel, {name: (compile_with_placeholders(function, spec), spec)
+                                               for name, function, spec in kernel.host_functions()})
         freeze_long_lived_objects()
     return _compiled[key]
 
@@ -1531,12 +1375,9 @@ def freeze_long_lived_objects() -> None:
     gc.freeze()
 
 
-def compile_with_placeholders(kernel, spec: "ArgumentSpec" = None):
-    """cute.compile of a host function with placeholder values of `spec` (default `GEMM_ARGUMENTS`: a kernel
-    object's `__call__` or `build_tensormaps`; `OFFSETS_BUILDER_ARGUMENTS`: `build_from_offsets`; a kernel's
-    `host_entry` names its GEMM's): only their types matter."""
-    spec = spec or GEMM_ARGUMENTS
-    return cute.compile(kernel, *spec.convert(tuple(0 if w == 8 else 1 for w in spec.widths[:-1])),
+def compile_with_placeholders(function, spec: "ArgumentSpec"):
+    """cute.compile of a host function with placeholder values of its `spec`: only their types matter."""
+    return cute.compile(function, *spec.convert(tuple(0 if w == 8 else 1 for w in spec.widths[:-1])),
                         make_fake_stream())
 
 
@@ -1794,46 +1635,58 @@ def stream_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-# Bytes of the host function's arguments: sizes, abc and sf tables, plan memory, groups, tiles, CTAs, stream.
-HOST_ARG_WIDTHS = (8, 8, 8, 8, 4, 4, 4, 4, 8)
-
-
 # A host function's global-memory pointer argument (16-byte aligned unless `assumed_align` says otherwise)
 global_pointer = functools.partial(make_ptr, mem_space=cute.AddressSpace.gmem, assumed_align=PTR_ALIGN_BYTES)
 
-
-def host_arguments(values):
-    """The host function's arguments as DSL objects, from (sizes, abc, sf tables, plan memory, groups, tiles, CTAs,
-    plan ready)."""
-    sizes, abc, sf, memory, groups, tiles, ctas, ready = values
-    gmem = global_pointer
-    return (gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc), gmem(cutlass.Int64, sf),
-            gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
-            cutlass.Int32(groups), cutlass.Int32(tiles), cutlass.Int32(ctas), cutlass.Int32(ready))
+# What the host functions' pointer parameters point to, by parameter name: element type, assumed alignment
+POINTER_PARAMETERS = {"ptr_problem_sizes": (cutlass.Int32, PTR_ALIGN_BYTES),
+                      "ptr_abc": (cutlass.Int64, PTR_ALIGN_BYTES), "ptr_sf": (cutlass.Int64, PTR_ALIGN_BYTES),
+                      "ptr_tensormaps": (cutlass.Int64, BYTES_PER_TENSORMAP), "ptr_offs": (cutlass.Int32, 4)}
 
 
 class ArgumentSpec(NamedTuple):
-    """A compiled host function's arguments as `HostFunction` stores them: each value's bytes (the stream's last)
-    and the conversion of the values (less the stream) to the DSL's objects."""
+    """A compiled host function's arguments, from its jit signature (`argument_spec`): their names in order (less
+    the stream, which comes last), each one's bytes as `HostFunction` stores it (the stream's last), and each
+    one's DSL type (cutlass.Int32 or Int64, or a pointer's (element type, alignment))."""
+    names: Tuple[str, ...]
     widths: Tuple[int, ...]
-    convert: Callable
+    types: Tuple[object, ...]
+
+    def ordered(self, values: dict) -> tuple:
+        """This function's values, by name from `values` (which may name more: one call's values feed several
+        host functions), in its order; ValueError naming those missing."""
+        missing = [name for name in self.names if name not in values]
+        if missing:
+            raise ValueError(f"host function arguments missing: {', '.join(missing)} (of {', '.join(self.names)})")
+        return tuple(values[name] for name in self.names)
+
+    def convert(self, values: tuple) -> tuple:
+        """Ordered values (less the stream) as the DSL's objects."""
+        return tuple(global_pointer(t[0], v, assumed_align=t[1]) if isinstance(t, tuple) else t(v)
+                     for t, v in zip(self.types, values))
 
 
-GEMM_ARGUMENTS = ArgumentSpec(HOST_ARG_WIDTHS, host_arguments)
+def argument_spec(function, pointers: dict = POINTER_PARAMETERS) -> ArgumentSpec:
+    """The ArgumentSpec of a host function (a cute.jit method or function ending in `stream`): Int32 and Int64
+    parameters by their annotations, cute.Pointer ones as `pointers` names them."""
+    parameters = [p for p in inspect.signature(function).parameters.values() if p.name != "self"]
+    if not parameters or parameters[-1].name != "stream":
+        raise TypeError(f"{function.__qualname__}: a host function's last parameter is its stream")
+    types = []
+    for p in parameters[:-1]:
+        if p.annotation is cute.Pointer and p.name in pointers:
+            types.append(pointers[p.name])
+        elif p.annotation in (cutlass.Int32, cutlass.Int64):
+            types.append(p.annotation)
+        else:
+            raise TypeError(f"{function.__qualname__}: parameter {p.name}: {p.annotation} (a pointer not in "
+                            f"`pointers`, or not Int32, Int64)")
+    widths = tuple(8 if isinstance(t, tuple) else t.width // 8 for t in types) + (8,)
+    return ArgumentSpec(tuple(p.name for p in parameters[:-1]), widths, tuple(types))
 
 
-def offsets_builder_arguments(values):
-    """`DescriptorBuilder.build_from_offsets`'s arguments as DSL objects, from (offs, sizes, abc, sf tables, plan
-    memory, G, T, N, K, A, B, D, SFA, SFB, a_global, b_global addresses, a_global and b_global per group)."""
-    offs, sizes, abc, sf, memory, *rest = values
-    gmem = global_pointer
-    return (gmem(cutlass.Int32, offs, assumed_align=4), gmem(cutlass.Int32, sizes), gmem(cutlass.Int64, abc),
-            gmem(cutlass.Int64, sf), gmem(cutlass.Int64, memory, assumed_align=BYTES_PER_TENSORMAP),
-            *(cutlass.Int32(v) for v in rest[:4]), *(cutlass.Int64(v) for v in rest[4:11]),
-            *(cutlass.Int32(v) for v in rest[11:]))
-
-
-OFFSETS_BUILDER_ARGUMENTS = ArgumentSpec((8,) * 5 + (4,) * 4 + (8,) * 7 + (4,) * 2 + (8,), offsets_builder_arguments)
+GEMM_ARGUMENTS = argument_spec(Sm100GroupedGemmKernel.__call__)  # the GEMM's and the descriptor builder's
+assert argument_spec(DescriptorBuilder.build_tensormaps) == GEMM_ARGUMENTS
 
 
 def _execution_args(compiled):
@@ -1861,7 +1714,7 @@ def sample_values(spec: ArgumentSpec) -> tuple:
     return tuple(0x1111_2222_3000 * (i + 1) if width == 8 else 5 + i for i, width in enumerate(spec.widths))
 
 
-def argument_layout_matches(compiled, spec: ArgumentSpec = GEMM_ARGUMENTS) -> bool:
+def argument_layout_matches(compiled, spec: ArgumentSpec) -> bool:
     """Whether this DSL release converts the host function's arguments to exactly one value each
     of `spec.widths` bytes, as `HostFunction` packs them, by the DSL's own conversion of sample values."""
     execution_args = _execution_args(compiled)
@@ -1882,10 +1735,11 @@ def argument_layout_matches(compiled, spec: ArgumentSpec = GEMM_ARGUMENTS) -> bo
     return True
 
 
-def pack_host_arguments(values, stream: int, extras, count: int = len(HOST_ARG_WIDTHS)) -> Tuple[ctypes.Array, int]:
-    """Argument storage for a compiled host function, in one buffer: the `count` values (its spec's order, the
-    stream last), 8 bytes each (a 4-byte one in the low half), then the array the host function takes:
-    each value's address, then `extras`. Returns (the buffer, to outlive every call; the array's address)."""
+def pack_host_arguments(values, stream: int, extras) -> Tuple[ctypes.Array, int]:
+    """Argument storage for a compiled host function, in one buffer: its `values` (its spec's order) and the
+    stream, 8 bytes each (a 4-byte one in the low half), then the array the host function takes: each value's
+    address, then `extras`. Returns (the buffer, to outlive every call; the array's address)."""
+    count = len(values) + 1
     buffer = (ctypes.c_uint64 * (2 * count + len(extras)))()
     base = ctypes.addressof(buffer)
     struct.pack_into("<%dQ" % len(buffer), buffer, 0, *values, stream, *range(base, base + 8 * count, 8), *extras)
@@ -1898,7 +1752,7 @@ class HostFunction:
     executor's entries (CUDA error cell, kernel handles). Where the release does so as `argument_layout_matches`
     expects, a plan owns such an array per stream; elsewhere the DSL converts once per stream (`bind`)."""
 
-    def __init__(self, compiled, device_index: int, spec: ArgumentSpec = GEMM_ARGUMENTS):
+    def __init__(self, compiled, spec: ArgumentSpec, device_index: int):
         self.compiled = compiled
         self.spec = spec
         self.capi = None
@@ -1915,8 +1769,10 @@ class HostFunction:
             return
         self.executor, self.extras, self.capi = executor, tuple(extras), capi
 
-    def bind(self, values, stream: int):
-        """A function launching with `values` (`self.spec`'s) on `stream`; nothing launched yet."""
+    def bind(self, values: dict, stream: int):
+        """A function launching with `values` (name -> int: the spec's names, and maybe more) on `stream`;
+        nothing launched yet."""
+        values = self.spec.ordered(values)
         if self.capi is None:  # through the DSL's own conversion, kept for the next launches
             compiled, args = self.compiled, self.spec.convert(values) + (_cu_stream_type()(stream),)
             execution_args, run = _execution_args(compiled), getattr(compiled, "run_compiled_program", None)
@@ -1924,7 +1780,7 @@ class HostFunction:
                 return lambda: compiled(*args)
             converted, keep_alive = execution_args.generate_execution_args(args, {})
             return lambda keep_alive=keep_alive: run(converted)
-        storage, packed = pack_host_arguments(values, stream, self.extras, len(self.spec.widths))
+        storage, packed = pack_host_arguments(values, stream, self.extras)
         capi, result = self.capi, self.result
 
         def launch(keep_alive=(storage, self.executor)):
@@ -1944,7 +1800,7 @@ class LaunchPlan:
                  owner: "GroupedGemmLauncher"):
         self.device_index = device_index
         self.owner = owner  # holds the HostFunction and StreamResources
-        self.host = owner.host_function(compiled.gemm, device_index)
+        self.host = owner.host_function(compiled, "gemm", device_index)
         self.home = owner.stream_resources(device_index, current_stream_handle(device_index))
         self.words = words
         self.slot = self.home.take_slot() if len(words) <= TABLE_SLOT_WORDS else None
@@ -1955,9 +1811,12 @@ class LaunchPlan:
         self.table_addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
         self.counts = (len(shape.signature), shape.tiles, shape.ctas)
         self.memory = torch.empty(shape.plan_words, dtype=torch.int64, device=device_index)
-        self.arguments = self.table_addresses + (self.memory.data_ptr(),) + self.counts  # then plan_ready
-        owner.host_function(compiled.build_tensormaps, device_index).bind(self.arguments + (0,), self.home.stream)()
-        self.built_launch = self.host.bind(self.arguments + (0,), self.home.stream)  # the GEMM right after it
+        self.arguments = dict(zip(("ptr_problem_sizes", "ptr_abc", "ptr_sf"), self.table_addresses),
+                              ptr_tensormaps=self.memory.data_ptr(), num_groups=self.counts[0],
+                              total_tiles=self.counts[1], num_ctas=self.counts[2])  # and plan_ready
+        owner.host_function(compiled, "build_tensormaps", device_index).bind(
+            {**self.arguments, "plan_ready": 0}, self.home.stream)()
+        self.built_launch = self.host.bind({**self.arguments, "plan_ready": 0}, self.home.stream)  # the GEMM next
         # The completion of the builder and that first GEMM, for launches not ordered after them by their stream:
         # waited for in a CUDA graph capture, it becomes an external event-wait node, so a replay too starts
         # after them.
@@ -2000,7 +1859,8 @@ class LaunchPlan:
             self.memory.record_stream(on_stream)
             if self.slot is None:
                 self.tables.record_stream(on_stream)
-        launch = self.host.bind(self.arguments + (1,), stream)  # a stream with a warm path never comes here
+        # a stream with a warm path never comes here
+        launch = self.host.bind({**self.arguments, "plan_ready": 1}, stream)
         if self.built_seen and not capturing:
             self.launch_by_stream[stream] = launch
         launch()
@@ -2098,9 +1958,9 @@ class GroupedGemmLauncher:
             raise ValueError("the input is not on a CUDA device")
         return sm_count(device_index)
 
-    def host_function(self, compiled, device_index: int) -> HostFunction:
-        key = (id(compiled), device_index)
-        return self.hosts.get(key) or self.hosts.setdefault(key, HostFunction(compiled, device_index))
+    def host_function(self, compiled: CompiledGemm, name: str, device_index: int) -> HostFunction:
+        key = (id(compiled.functions[name][0]), device_index)
+        return self.hosts.get(key) or self.hosts.setdefault(key, compiled.host_function(name, device_index))
 
     def stream_resources(self, device_index: int, stream: int) -> StreamResources:
         key = (device_index, stream)

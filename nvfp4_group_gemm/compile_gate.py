@@ -196,34 +196,27 @@ def compile_one(config_name: str, arch: str, keep_dir: Optional[str]) -> dict:
         from nvfp4_group_gemm import hopper
     config = config_named(config_name, arch)
     kernel = config.make_kernel()
-    entry, spec = kernel.host_entry()
-    # the MoE form of a kernel that computes its groups itself has no builder
-    builders = not (config.device_offsets and kernel.one_kernel_offsets)
-    try:
-        compiled = submission.compile_with_placeholders(entry, spec)
-        ptx = ptx_text(compiled)
-        # Whether launches can skip the DSL's per-call argument conversion
-        # (submission.HostFunction); checked on the CPU against this release.
-        row["direct_host_arguments"] = submission.argument_layout_matches(compiled, spec)
-    except Exception as error:  # 4.3.x: PTX written, then cuInit fails without a GPU
-        stopped_at = describe_error(error)
-    builder_ptx = ""
-    if not stopped_at and builders:  # the descriptor builder, the plan's other host function
+    side_ptx = {}  # the builders' (`host_functions`: the descriptor builder, the MoE form's from offs)
+    for name, function, spec in sorted(kernel.host_functions(), key=lambda f: f[0] != "gemm"):  # the GEMM first
         try:
-            builder_ptx = ptx_text(submission.compile_with_placeholders(kernel.build_tensormaps))
-        except Exception as error:
+            compiled = submission.compile_with_placeholders(function, spec)
+            text = ptx_text(compiled)
+            # Whether launches can skip the DSL's per-call argument conversion (submission.HostFunction);
+            # checked on the CPU against this release
+            direct = submission.argument_layout_matches(compiled, spec)
+        except Exception as error:  # 4.3.x: PTX written, then cuInit fails without a GPU
+            if name == "gemm":
+                stopped_at = describe_error(error)
+                break
             row["builder_error"] = describe_error(error)
-    offsets_ptx = ""
-    # the MoE form's builder, which computes the tables from offs
-    if not stopped_at and builders and config.device_offsets:
-        try:
-            offsets_builder = submission.compile_with_placeholders(kernel.build_from_offsets,
-                                                                   submission.OFFSETS_BUILDER_ARGUMENTS)
-            offsets_ptx = ptx_text(offsets_builder)
-            row["direct_offsets_builder_arguments"] = submission.argument_layout_matches(
-                offsets_builder, submission.OFFSETS_BUILDER_ARGUMENTS)
-        except Exception as error:
-            row["builder_error"] = describe_error(error)
+            continue
+        if name == "gemm":
+            ptx, row["direct_host_arguments"] = text, direct
+        else:
+            side_ptx[name] = text
+            if name == "build_from_offsets":
+                row["direct_offsets_builder_arguments"] = direct
+    builder_ptx, offsets_ptx = side_ptx.get("build_tensormaps", ""), side_ptx.get("build_from_offsets", "")
     row["compile_s"] = round(time.perf_counter() - start, 3)
     if not ptx:
         dumped = sorted(Path(dump_dir).glob("*.ptx"))
@@ -314,8 +307,8 @@ def kernel_configs(arch: str) -> list:
                        for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
         candidates += [dataclasses.replace(c, bf16_output=True) for c in hopper.SM90_MOE_CONFIGS.values()]
     else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones; the MoE op's form
-        candidates = submission.policy_candidates() + [submission.MOE_CONFIG,
-                                                        dataclasses.replace(submission.MOE_CONFIG, bf16_output=True)]
+        from nvfp4_group_gemm.moe_tables import MOE_CONFIG
+        candidates = submission.policy_candidates() + [MOE_CONFIG, dataclasses.replace(MOE_CONFIG, bf16_output=True)]
     kernels = {}  # one per compiled form (`kernel_name`)
     for c in candidates:
         kernels.setdefault(kernel_name(c), c.compile_key)
@@ -339,7 +332,7 @@ PTXAS_MISSING = ("ptxas not found: install this package's dependencies (pip inst
 
 
 # What a compiled kernel and its report depend on, besides the configuration, the architecture and the tools.
-KERNEL_SOURCES = ("submission.py", "hopper.py", "compile_gate.py")  # beside this file, in the package
+KERNEL_SOURCES = ("submission.py", "hopper.py", "moe_tables.py", "compile_gate.py")  # beside this file, in the package
 
 
 def compile_in_process(name: str, arch: str, keep_dir: Optional[str]) -> dict:

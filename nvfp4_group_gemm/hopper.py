@@ -111,7 +111,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from . import submission
+from . import moe_tables, submission
 from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, GroupTensormaps,
                         TileConfig, TileScheduler, WorkTile, ceil_div, check_budget)
 
@@ -701,7 +701,7 @@ class OffsetTables:
 
     def alpha(self, group):
         """The group's global scales' product (1 without them)."""
-        return submission.global_scales_product(self.globals_, group)
+        return moe_tables.global_scales_product(self.globals_, group)
 
     @cute.jit
     def group_of_row(self, row, num_groups):
@@ -737,7 +737,7 @@ MOE_PAST_ONE_WAVE = 2  # the others
 @cute.jit
 def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, tokens, tile_m: cutlass.Constexpr[int],
                        tiles_n, one_wave_ctas, one_wave_rule):
-    """One warp (after griddepcontrol.wait): each group's end row (`submission.clamped_bounds`: whatever offs
+    """One warp (after griddepcontrol.wait): each group's end row (`moe_tables.clamped_bounds`: whatever offs
     holds, no group reaches past row T), its first scale row P_g (a scan of the groups' rows, each rounded up
     to 128) and the tile count (ceil(m / tile_m) x `tiles_n` per group) into `tables`' shared memory; the
     tile count is 0 where `one_wave_rule` leaves the call to the other form (the default form's tiles, 128 x
@@ -747,12 +747,12 @@ def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, toke
     wave_tiles = cutlass.Int32(0)  # the default form's
     for first in cutlass.range(0, num_groups, 32, unroll=1):
         g = first + lane
-        begin, end = submission.clamped_bounds(offs, g, num_groups, tokens, carried)
+        begin, end = moe_tables.clamped_bounds(offs, g, num_groups, tokens, carried)
         m = end - begin
         blocked = (m + 127) // 128 * 128
         scale_rows = blocked
         for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
-            earlier = submission.shuffle_up(scale_rows, 1 << step)
+            earlier = moe_tables.shuffle_up(scale_rows, 1 << step)
             if lane >= (1 << step):
                 scale_rows = scale_rows + earlier
         if g < num_groups:
@@ -1008,13 +1008,12 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             grid=(self.config.cta_group, 1, num_ctas), block=[self.roles.threads, 1, 1], smem=self.smem_bytes,
             stream=stream, use_pdl=self.config.pdl, **cluster)
 
-    one_kernel_offsets = True  # the MoE form computes its groups itself: no builder (`moe_call`)
-
-    def host_entry(self):
-        """The host function a plan launches and its arguments: the leaderboard's, or the MoE form's."""
+    def host_functions(self) -> tuple:
+        """The leaderboard form's GEMM and descriptor builder; the MoE form's one host function (`moe_call`: it
+        computes its groups itself, so no builder)."""
         if self.config.device_offsets:
-            return self.moe_call, MOE_GEMM_ARGUMENTS
-        return self, submission.GEMM_ARGUMENTS
+            return (("gemm", self.moe_call, MOE_GEMM_ARGUMENTS),)
+        return super().host_functions()
 
     @cute.jit
     def moe_call(
@@ -1691,17 +1690,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
 # =============================================================================
 # Compile and launch
 # =============================================================================
-def moe_gemm_arguments(values):
-    """`Sm90GroupedGemmKernel.moe_call`'s arguments as DSL objects, from (offs, plan memory, scratch, B, E, T, N,
-    K, A, C, SFA, SFB, a_global, b_global addresses, a_global and b_global per group, the default form's CTAs,
-    the one-wave rule, CTAs)."""
-    offs, memory, scratch, b, *rest = values
-    gmem = submission.global_pointer
-    return (gmem(cutlass.Int32, offs, assumed_align=4),
-            gmem(cutlass.Int64, memory, assumed_align=submission.BYTES_PER_TENSORMAP),
-            gmem(cutlass.Float16, scratch), gmem(cutlass.Uint8, b),
-            *(cutlass.Int32(v) for v in rest[:4]), *(cutlass.Int64(v) for v in rest[4:10]),
-            *(cutlass.Int32(v) for v in rest[10:]))
-
-
-MOE_GEMM_ARGUMENTS = submission.ArgumentSpec((8,) * 4 + (4,) * 4 + (8,) * 6 + (4,) * 5 + (8,), moe_gemm_arguments)
+# What moe_call's pointer parameters point to, beside the descriptor builders' (`submission.argument_spec`)
+MOE_POINTERS = {**submission.POINTER_PARAMETERS, "ptr_memory": (cutlass.Int64, submission.BYTES_PER_TENSORMAP),
+                "ptr_scratch": (cutlass.Float16, PTR_ALIGN_BYTES), "ptr_b": (cutlass.Uint8, PTR_ALIGN_BYTES)}
+MOE_GEMM_ARGUMENTS = submission.argument_spec(Sm90GroupedGemmKernel.moe_call, MOE_POINTERS)

@@ -7,7 +7,7 @@ sm_90 path's launcher, which registers itself with submission.py when this modul
 import functools
 import os
 
-from . import submission
+from . import moe_tables, submission
 from .hopper import (MOE_IN_ONE_WAVE, MOE_PAST_ONE_WAVE, SM90_CONFIG, SM90_CONFIGS, SM90_MOE_CONFIGS,
                      SM90_MOE_DEFAULT, SM90_NO_PDL, Sm90TileConfig, ceil_div, narrow_last_tiles)
 
@@ -120,7 +120,7 @@ def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90T
 def moe_scheduled(config: Sm90TileConfig, tokens: int, experts: int, n: int, num_sms: int) -> Sm90TileConfig:
     """A MoE form under the schedule the host's sizes allow: contiguous tile ranges where its most tiles exceed
     one wave, except a narrow form (`sm90_schedule`; no balancing, no order by M: those need the sizes)."""
-    contiguous = submission.most_tiles(tokens, experts, n, config) > num_sms // config.cta_group
+    contiguous = moe_tables.most_tiles(tokens, experts, n, config) > num_sms // config.cta_group
     return config.with_schedule(submission.Schedule(contiguous=contiguous and not config.narrow_tokens))
 
 
@@ -129,7 +129,7 @@ MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`
 
 def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
     """The default MoE form's grid: where a call's default-form tiles fit it, one wave takes the call."""
-    return submission.persistent_ctas(submission.most_tiles(tokens, experts, n, SM90_MOE_DEFAULT), num_sms)
+    return submission.persistent_ctas(moe_tables.most_tiles(tokens, experts, n, SM90_MOE_DEFAULT), num_sms)
 
 
 def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
@@ -146,7 +146,7 @@ def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
     default = moe_scheduled(SM90_MOE_DEFAULT, tokens, experts, n, num_sms)
     fewest_tiles = ceil_div(tokens, default.tile_m) * ceil_div(n, default.tile_n)  # every group's rows full tiles
     # its grid (`moe_one_wave_ctas`) is min(most tiles, SMs): a routing fits it where its tiles are at most the SMs
-    if choice.tile_name == default.tile_name or not fewest_tiles <= num_sms < submission.most_tiles(
+    if choice.tile_name == default.tile_name or not fewest_tiles <= num_sms < moe_tables.most_tiles(
             tokens, experts, n, default):
         return (choice,)  # the default form itself, or no routing fits its one wave, or every one does
     return (choice, default)

@@ -76,8 +76,10 @@ def standin_compile(config):
             record(sizes, abc, workspace, num_groups, total_tiles, num_ctas, plan_ready).launch(
                 grid=(1, 1, num_ctas), block=[32, 1, 1], stream=stream)
 
-        compiled = submission.compile_with_placeholders(launch)
-        _standin["compiled"] = submission.CompiledGemm(compiled, compiled, None)
+        spec = submission.GEMM_ARGUMENTS
+        compiled = submission.compile_with_placeholders(launch, spec)
+        _standin["compiled"] = submission.CompiledGemm(None, {"gemm": (compiled, spec),
+                                                               "build_tensormaps": (compiled, spec)})
     return _standin["compiled"]
 
 

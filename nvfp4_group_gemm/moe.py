@@ -25,7 +25,7 @@ Two computations. The kernels (`kernel_forms`: sm_90 and sm_100, N a multiple of
 kernel per call (for some small T two, of which the device runs one: `hopper_policy.moe_forms`) computes each group's
 rows, P_g and the tile count from `offs` on the device (every CTA, into its shared memory: hopper.py's
 `OffsetTables`; at most `hopper.MOE_MAX_EXPERTS` experts); on sm_100 a builder kernel computes them, the
-tables and the TMA descriptors (`submission.DescriptorBuilder.build_from_offsets`), then the GEMM runs. Either
+tables and the TMA descriptors (`moe_tables.OffsetsBuilder`), then the GEMM runs. Either
 walks those tiles and multiplies each group's fp32 sums by its alpha_g before the one rounding to the output's
 type; the host passes only T, E, N, K and base addresses, so a CUDA graph replays it under any routing.
 Everything else runs the portable computation (dequantize, then torch._grouped_mm on CUDA, which reads `offs`
@@ -288,7 +288,7 @@ def cuda_index(tensor: torch.Tensor) -> int:
 
 def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
     """The configurations of the kernels launched for this call (`hopper_policy.moe_forms` on sm_90: one, or two
-    the device chooses between; `submission.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
+    the device chooses between; `moe_tables.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
     the portable path: other devices, N or K the kernels do not take, B's experts not back to back, a base
     address not 16-byte aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90."""
     from . import submission
@@ -318,9 +318,9 @@ def forms_for(capability: tuple, tokens: int, experts: int, n: int, k: int, num_
     """`kernel_forms`' choice from the facts it depends on, made once per set of them (the Hopper choice models
     sampled routings): the forms, or None where no kernel takes the call. `form_setting`, MOE_FORM_ENV's value,
     which `hopper_policy.moe_forms` reads itself, is here to key the cache: a changed setting is a new choice."""
-    from . import submission
     if capability == (10, 0):
-        configs = (submission.MOE_CONFIG,)
+        from . import moe_tables
+        configs = (moe_tables.MOE_CONFIG,)
     elif capability == (9, 0):
         from . import hopper, hopper_policy
         if experts > hopper.MOE_MAX_EXPERTS:
@@ -337,88 +337,98 @@ def token_capacity(tokens: int) -> int:
     return max(64, 1 << (tokens - 1).bit_length())
 
 
+# The host functions' arguments a MoE call supplies (`KernelPlan.launch`); the plan supplies the rest
+CALL_ARGUMENTS = frozenset(("ptr_offs", "tokens", "n", "k", "a_address", "b_address", "ptr_b", "c_address",
+                            "sfa_address", "sfb_address", "a_global_address", "b_global_address",
+                            "a_global_per_group", "b_global_per_group"))
+
+
 class KernelPlan:
     """What one (device, stream, configurations, E, N, K, `token_capacity`) keeps between calls, none of it read
     from `offs` on the host: the plan's memory (hopper.py's token counters, zero between launches, and
-    converted tokens, `tokens` x K x 2 bytes; the B200 form's descriptors, and the tables its builder writes:
-    `submission.table_offsets` order, then the tile count after the sizes), the grid (for the most tiles any
-    routing of `tokens` over E experts can make, so of any fewer) and the launches. Each call waits for the
-    kernel before it (the previous call's), so calls in stream order share them, and another stream has its
-    own; a CUDA graph keeps using them, so a plan launched in a capture is kept (`PlanCache`).
+    converted tokens, `tokens` x K x 2 bytes; the B200 form's descriptors), the tables where a form's host
+    functions take them (the B200 form's builder writes them: `submission.table_offsets` order, then the tile
+    count after the sizes), the grid (for the most tiles any routing of `tokens` over E experts can make, so of
+    any fewer) and the launches. Each call waits for the kernel before it (the previous call's), so calls in
+    stream order share them, and another stream has its own; a CUDA graph keeps using them, so a plan launched
+    in a capture is kept (`PlanCache`).
 
-    Two launch shapes: one kernel per call where the kernel class computes the groups from offs itself
-    (`one_kernel_offsets`: hopper.py's, which makes the descriptors of the stacked tokens and weights in its
-    host function), else the builder from offs, then the GEMM. hopper.py's forms may come two to a call
+    Each form's kernel names its host functions in launch order (`host_functions`: hopper.py's MoE form one,
+    which computes the groups from offs itself; the B200 form's builder from offs, then its GEMM); the plan
+    binds each by name from its own values and the call's. hopper.py's forms may come two to a call
     (`hopper_policy.moe_forms`): each launched, one after the other on the same memory, the device choosing which
     one computes (`hopper_policy.MOE_TWO_FORM_RULES`)."""
 
     def __init__(self, configs, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
                  device=None):
-        from . import submission
+        from . import moe_tables, submission
         device = torch.device("cuda", device_index) if device is None else device  # a stand-in's test: "cpu"
-        config = configs[0]
         compiled = [submission.compile_grouped_gemm(c) for c in configs]
         layouts = {c.plan_layout for c in configs}
         if len(layouts) != 1:
             raise ValueError(f"{[c.name for c in configs]}: forms sharing a plan share its memory's layout")
-        scratch = config.scratch_bytes([(tokens, n, k, 1)])
-        self.memory = torch.zeros(config.plan_layout.words(experts, scratch), dtype=torch.int64, device=device)
-        self.max_tiles = submission.most_tiles(tokens, experts, n, config)
-        self.ctas = [submission.persistent_ctas(submission.most_tiles(tokens, experts, n, c),
-                                                submission.sm_count(device_index) // c.cta_group) for c in configs]
+        (layout,) = layouts
+        scratch = configs[0].scratch_bytes([(tokens, n, k, 1)])
+        self.memory = torch.zeros(layout.words(experts, scratch), dtype=torch.int64, device=device)
         self.experts, self.n, self.k = experts, n, k
         self.stream = stream
         self.stream_capturing = submission.stream_capturing
         self.captured = self.stream_capturing()  # made or launched in a capture: a graph may replay it
-        self.one_kernel = compiled[0].build_tensormaps is None
-        if self.one_kernel:
+        # the kernels' own region (hopper.py's token counters, zero between launches): a plan made during a
+        # capture is zeroed by the graph's replays alone, so its first launch outside one zeroes it first
+        self.counters = self.memory[layout.fixed_offset(experts) // 8:layout.scratch_offset(experts) // 8]
+        self.zero_first = self.captured
+        names = {name for c in compiled for _, spec in c.functions.values() for name in spec.names}
+        plan = dict(ptr_tensormaps=self.memory.data_ptr(), ptr_memory=self.memory.data_ptr(),
+                    ptr_scratch=self.memory.data_ptr() + layout.scratch_offset(experts), plan_ready=0)
+        self.tables = None
+        if "ptr_problem_sizes" in names:  # a builder's tables, which its GEMM reads
+            self.tables = torch.empty(moe_tables.moe_table_words(experts), dtype=torch.int64, device=device)
+            abc_at, sf_at, sizes_at = submission.table_offsets(experts)
+            plan.update(zip(("ptr_problem_sizes", "ptr_abc", "ptr_sf"),
+                            (self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))))
+        if "one_wave_rule" in names:  # hopper.py's forms: which calls each launch takes
             from . import hopper, hopper_policy
-            self.gemms = [submission.HostFunction(c.gemm, device_index, c.kernel.host_entry()[1]) for c in compiled]
-            self.rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper_policy.MOE_TWO_FORM_RULES
-            self.one_wave_ctas = hopper_policy.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
-            self.scratch = self.memory.data_ptr() + config.plan_layout.scratch_offset(experts)
-            # the kernel's own region (the token counters): a plan made during a capture is zeroed by the
-            # graph's replays alone, so its first launch outside one zeroes it first
-            self.counters = self.memory[config.plan_layout.fixed_offset(experts) // 8:
-                                        config.plan_layout.scratch_offset(experts) // 8]
-            self.zero_first = self.captured
-            return
-        if len(configs) != 1:
-            raise ValueError(f"{[c.name for c in configs]}: a builder's form launches alone")
-        self.builder = submission.HostFunction(compiled[0].build_from_offsets, device_index,
-                                               submission.OFFSETS_BUILDER_ARGUMENTS)
-        abc_at, sf_at, sizes_at = submission.table_offsets(experts)
-        self.tables = torch.empty(submission.moe_table_words(experts), dtype=torch.int64, device=device)
-        self.addresses = tuple(self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))
-        self.gemm = submission.HostFunction(compiled[0].gemm, device_index).bind(
-            self.addresses + (self.memory.data_ptr(), experts, self.max_tiles, self.ctas[0], 0), stream)
+            rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper_policy.MOE_TWO_FORM_RULES
+            plan["one_wave_ctas"] = hopper_policy.moe_one_wave_ctas(tokens, experts, n,
+                                                                     submission.sm_count(device_index))
+        # each form's host functions in launch order, with the plan's values; bound now where the call adds none
+        self.launches = []
+        for i, (config, form) in enumerate(zip(configs, compiled)):
+            tiles = moe_tables.most_tiles(tokens, experts, n, config)
+            values = dict(plan, total_tiles=tiles, num_groups=experts, num_ctas=submission.persistent_ctas(
+                tiles, submission.sm_count(device_index) // config.cta_group))
+            if "one_wave_rule" in names:
+                values["one_wave_rule"] = rules[i]
+            for name in form.functions:
+                function = form.host_function(name, device_index)
+                per_call = any(arg in CALL_ARGUMENTS for arg in function.spec.names)
+                self.launches.append((function, values) if per_call else (function.bind(values, stream), None))
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
-        """On the plan's stream: the kernel (or kernels), or the builder (tables, alphas and descriptors from
-        `offs` and the global scales), then the GEMM."""
-        self.captured = self.captured or self.stream_capturing()
-        scales = [(0, 0) if g is None else (g.data_ptr(), int(g.dim() == 1)) for g in (a_global, b_global)]
-        counts = (self.experts, a.shape[0], self.n, self.k)  # this call's T, at most the plan's
-        if self.one_kernel:
-            if self.zero_first and not self.stream_capturing():
-                self.counters.zero_()
-                self.zero_first = False
-            for gemm, rule, ctas in zip(self.gemms, self.rules, self.ctas):
-                gemm.bind((offs.data_ptr(), self.memory.data_ptr(), self.scratch, b.data_ptr(), *counts,
-                           a.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
-                           scales[1][0], scales[0][1], scales[1][1], self.one_wave_ctas, rule, ctas), self.stream)()
-            return
-        self.builder.bind((offs.data_ptr(), *self.addresses, self.memory.data_ptr(), *counts, a.data_ptr(),
-                           b.data_ptr(), out.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), scales[0][0],
-                           scales[1][0], scales[0][1], scales[1][1]), self.stream)()
-        self.gemm()
-
+        """On the plan's stream, each form's host functions (`host_functions`) in order, with this call's
+        arguments (`CALL_ARGUMENTS`)."""
+        capturing = self.stream_capturing()
+        self.captured = self.captured or capturing
+        if self.zero_first and not capturing:
+            self.counters.zero_()
+            self.zero_first = False
+        call = dict(ptr_offs=offs.data_ptr(), tokens=a.shape[0], n=self.n, k=self.k, a_address=a.data_ptr(),
+                    b_address=b.data_ptr(), ptr_b=b.data_ptr(), c_address=out.data_ptr(),
+                    sfa_address=a_scale.data_ptr(), sfb_address=b_scale.data_ptr())
+        for side, scale in (("a", a_global), ("b", b_global)):
+            call[f"{side}_global_address"] = 0 if scale is None else scale.data_ptr()
+            call[f"{side}_global_per_group"] = 0 if scale is None else int(scale.dim() == 1)
+        for function, values in self.launches:
+            if values is None:
+                function()  # bound when the plan was made
+            else:
+                function.bind({**values, **call}, self.stream)()
 
     @property
     def nbytes(self) -> int:
         """Device memory it holds (its memory, and the B200 form's tables)."""
-        tables = getattr(self, "tables", None)
-        return self.memory.numel() * 8 + (tables.numel() * 8 if tables is not None else 0)
+        return self.memory.numel() * 8 + (self.tables.numel() * 8 if self.tables is not None else 0)
 
 
 class PlanCache:

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from nvfp4_group_gemm import submission
+from nvfp4_group_gemm import moe_tables, submission
 from conftest import BENCHMARK_CASES, ROOT, TEST_CASES
 
 from nvfp4_group_gemm import compile_gate
@@ -70,7 +70,7 @@ def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
     # every kernel CONFIG_POLICY may name: each tile configuration (the model's and the 2-CTA ones),
     # round-robin and contiguous; and the MoE op's form, with its builder from offs
-    moe_forms = [submission.MOE_CONFIG, dataclasses.replace(submission.MOE_CONFIG, bf16_output=True)]
+    moe_forms = [moe_tables.MOE_CONFIG, dataclasses.replace(moe_tables.MOE_CONFIG, bf16_output=True)]
     assert set(kernels) == {compile_gate.kernel_name(c) for c in submission.policy_candidates() + moe_forms}
     assert {name.split("/")[0] for name in kernels} == (set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
                                                         | {c.tile_name for c in moe_forms})
@@ -80,7 +80,7 @@ def test_every_configuration_compiles_without_spills(report):
         assert k.get("offsets_builder_spill_bytes", 0) == 0
         assert 0 < k["registers"] <= 255
         assert 0 < k["dynamic_smem_bytes"] <= submission.SMEM_CAPACITY
-    moe = kernels[compile_gate.kernel_name(submission.MOE_CONFIG)]
+    moe = kernels[compile_gate.kernel_name(moe_tables.MOE_CONFIG)]
     assert moe["offsets_builder_spill_bytes"] == 0 and 0 < moe["offsets_builder_registers"] <= 255
 
 
@@ -612,7 +612,7 @@ def test_the_moe_forms_read_nothing_before_their_waits(report):
         assert reads, (path, "no global read at all: the premise changed")
         early = [(instruction, sorted(map(str, params))) for instruction, before, params in reads if before]
         assert not early, f"{path}: read before griddepcontrol.wait: {early}"
-    builder = submission.DescriptorBuilder.offsets_builder
+    builder = moe_tables.OffsetsBuilder.offsets_builder
     inputs = {parameter_index(builder, name, {"atoms": submission.TENSORMAPS_PER_GROUP})
               for name in ("offs", "a_global_address", "b_global_address")}
     (entry,) = re.split(r"\.entry\s", open(moe_kernels[0]["offsets_builder_ptx_file"]).read())[1:]
@@ -630,7 +630,7 @@ def test_every_lane_shuffle_reads_the_lane_it_names(report):
     for k in report["kernels"]:
         for key in ("ptx_features", "builder_ptx_features", "offsets_builder_ptx_features"):
             assert k.get(key, {}).get("misclamped_shuffles", []) == [], (k["config"], k["cutlass_dsl"], key)
-    moe = next(k for k in report["kernels"] if k["config"] == compile_gate.kernel_name(submission.MOE_CONFIG))
+    moe = next(k for k in report["kernels"] if k["config"] == compile_gate.kernel_name(moe_tables.MOE_CONFIG))
     assert moe["offsets_builder_ptx_features"]["shuffles_up"] > 0
 
 
@@ -657,7 +657,7 @@ def test_the_b200_moe_form_scales_each_group_by_its_alpha_and_rounds_once_to_its
     every group); then the one rounding, to the output's type only; and the builder's P_g, the groups' rows
     each rounded up to 128 (not the rows themselves), from offs."""
     kernels = {k["config"]: k for k in report["kernels"]}
-    config = dataclasses.replace(submission.MOE_CONFIG, bf16_output=bf16)
+    config = dataclasses.replace(moe_tables.MOE_CONFIG, bf16_output=bf16)
     kernel = kernels[compile_gate.kernel_name(config)]
     (entry,) = re.split(r"\.entry\s", open(kernel["ptx_file"]).read())[1:]
     reviewed = open(kernels["128x128"]["ptx_file"]).read()
@@ -671,7 +671,7 @@ def test_the_b200_moe_form_scales_each_group_by_its_alpha_and_rounds_once_to_its
     wait = entry.index("griddepcontrol.wait")
     assert group_dependent_loads(Dataflow(entry), alpha, after=wait), f"{alpha}: not the tile's group's alpha"
     (builder,) = re.split(r"\.entry\s", open(kernel["offsets_builder_ptx_file"]).read())[1:]
-    offs = parameter_index(submission.DescriptorBuilder.offsets_builder, "offs",
+    offs = parameter_index(moe_tables.OffsetsBuilder.offsets_builder, "offs",
                            {"atoms": submission.TENSORMAPS_PER_GROUP})
     assert offs_rounded_to_128(Dataflow(builder), offs), "P_g: no group's rows rounded up to 128"
 
@@ -700,7 +700,7 @@ def test_the_b200_moe_form_is_the_reviewed_128x128_kernel_plus_its_wait(report):
     import ptx_counts
     kernels = {k["config"]: k for k in report["kernels"]}
     reviewed = open(kernels["128x128"]["ptx_file"]).read()
-    moe = open(kernels[compile_gate.kernel_name(submission.MOE_CONFIG)]["ptx_file"]).read()
+    moe = open(kernels[compile_gate.kernel_name(moe_tables.MOE_CONFIG)]["ptx_file"]).read()
     before, after = ptx_counts.counts(reviewed), ptx_counts.counts(moe)
     assert after.pop("griddepcontrol") == before.pop("griddepcontrol") + 1
     assert after == before

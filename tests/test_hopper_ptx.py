@@ -212,7 +212,7 @@ def _kernel_ptx(configs, dump_dir) -> dict:
               "out = {}\n"
               "for name in sys.argv[1:]:\n"
               "    kernel = configs[name].make_kernel()\n"
-              "    out[name] = compile_gate.ptx_text(submission.compile_with_placeholders(kernel))\n"
+              "    out[name] = compile_gate.ptx_text(submission.compile_with_placeholders(kernel, submission.GEMM_ARGUMENTS))\n"
               "    assert kernel.smem_bytes <= hopper.SMEM_CAPACITY\n"
               "print(json.dumps(out))\n")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,

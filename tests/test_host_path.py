@@ -65,7 +65,7 @@ def cpu_launcher(monkeypatch):
     def make_launcher(**kwargs):
         RecordingPlan.built = []
         validated.clear()
-        return CpuLauncher(compile_fn=lambda config: submission.CompiledGemm(None, None, None), **kwargs), validated
+        return CpuLauncher(compile_fn=lambda config: submission.CompiledGemm(None, {}), **kwargs), validated
     return make_launcher
 
 
@@ -304,26 +304,53 @@ class FakeCompiled:
 
 
 def test_the_argument_layout_check_can_fail():
-    widths = submission.HOST_ARG_WIDTHS
-    assert submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths)))
+    spec = submission.GEMM_ARGUMENTS
+    widths = spec.widths
+    assert submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths)), spec)
     narrow = tuple(4 for _ in widths)  # pointers cut to 4 bytes
-    assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(narrow)))
-    assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths, drop_last=True)))
-    assert not submission.argument_layout_matches(object())  # no execution_args at all
+    assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(narrow)), spec)
+    assert not submission.argument_layout_matches(FakeCompiled(FakeExecutionArgs(widths, drop_last=True)), spec)
+    assert not submission.argument_layout_matches(object(), spec)  # no execution_args at all
 
     class Release43:  # nvidia-cutlass-dsl 4.3 calls the converter args_spec
         args_spec = FakeExecutionArgs(widths)
-    assert submission.argument_layout_matches(Release43())
+    assert submission.argument_layout_matches(Release43(), spec)
+
+
+def test_host_functions_take_their_arguments_by_name():
+    """Each host function's arguments are its jit signature's names (less the stream), bound by name: a value
+    the caller does not name is an error naming it, and values other functions take may come along."""
+    import inspect
+    from nvfp4_group_gemm import hopper, moe_tables
+    for function, spec in ((submission.Sm100GroupedGemmKernel.__call__, submission.GEMM_ARGUMENTS),
+                           (submission.DescriptorBuilder.build_tensormaps, submission.GEMM_ARGUMENTS),
+                           (moe_tables.OffsetsBuilder.build_from_offsets, moe_tables.OFFSETS_BUILDER_ARGUMENTS),
+                           (hopper.Sm90GroupedGemmKernel.moe_call, hopper.MOE_GEMM_ARGUMENTS),
+                           (hopper.Sm90GroupedGemmKernel.__call__, submission.GEMM_ARGUMENTS)):
+        names = [p for p in inspect.signature(function).parameters if p not in ("self", "stream")]
+        assert list(spec.names) == names and len(spec.widths) == len(names) + 1
+    spec = submission.GEMM_ARGUMENTS
+    values = {name: i for i, name in enumerate(spec.names)}
+    assert spec.ordered({**values, "ptr_offs": 99}) == tuple(range(len(spec.names)))
+    del values["num_ctas"]
+    with pytest.raises(ValueError, match="missing: num_ctas"):
+        spec.ordered(values)
+    from cutlass import cute
+
+    def unknown(ptr_bytes: cute.Pointer, stream):
+        pass
+    with pytest.raises(TypeError, match="ptr_bytes"):  # a pointer parameter the table does not know
+        submission.argument_spec(unknown)
 
 
 def test_packed_host_arguments_point_at_their_values():
     values = (0x7F00_0000_1000, 0x7F00_0000_2000, 0x7F00_0000_3000, 0x7F00_0000_4400, 8, 300, 132, 1)
     stream, extras = 0x5A5A_0000, (0x1111, 0x2222)
     buffer, array = submission.pack_host_arguments(values, stream, extras)
-    count = len(submission.HOST_ARG_WIDTHS)
+    count = len(submission.GEMM_ARGUMENTS.widths)
     addresses = [ctypes.c_uint64.from_address(array + 8 * i).value for i in range(count + len(extras))]
     assert addresses[count:] == list(extras)
-    for address, width, want in zip(addresses, submission.HOST_ARG_WIDTHS, values + (stream,)):
+    for address, width, want in zip(addresses, submission.GEMM_ARGUMENTS.widths, values + (stream,)):
         cell = ctypes.c_uint32 if width == 4 else ctypes.c_uint64
         assert cell.from_address(address).value == want
     assert ctypes.addressof(buffer) <= min(addresses[:count]) and max(addresses[:count]) < array
@@ -453,13 +480,13 @@ def test_gpu_a_launch_beside_another_streams_capture_does_not_break_it():
 def test_gpu_launcher_uses_the_direct_argument_path_where_the_release_allows():
     from nvfp4_group_gemm import hostbench
     compiled = hostbench.standin_compile(None).gemm
-    host = submission.HostFunction(compiled, torch.cuda.current_device())
-    assert (host.capi is not None) == submission.argument_layout_matches(compiled)
+    host = submission.HostFunction(compiled, submission.GEMM_ARGUMENTS, torch.cuda.current_device())
+    assert (host.capi is not None) == submission.argument_layout_matches(compiled, submission.GEMM_ARGUMENTS)
     print("direct host arguments:", host.capi is not None)
 
 
 def test_the_real_launcher_refuses_cpu_tensors_with_the_group_named():
-    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: submission.CompiledGemm(None, None, None))
+    launcher = submission.GroupedGemmLauncher(compile_fn=lambda config: submission.CompiledGemm(None, {}))
     with pytest.raises(ValueError, match="group 0: a is on cpu, expected a CUDA device"):
         launcher(make((64, 200)))
     assert not launcher.plans

@@ -327,19 +327,25 @@ def test_strides_the_kernels_cannot_take_are_refused():
 
 @pytest.fixture
 def bound(monkeypatch):
-    """The launches a KernelPlan would make, recorded instead ((spec, values, stream) per bind: a stand-in for
-    submission.HostFunction), on a GPU of 132 SMs."""
+    """The launches a KernelPlan would make, recorded instead ((spec, {name: value} of the spec's names, stream)
+    per bind: a stand-in for submission.HostFunction), on a GPU of 132 SMs, with each configuration's host
+    functions as its kernel names them (`host_functions`), compiled as stand-ins."""
     from nvfp4_group_gemm import submission
     bound = []
 
     class Recorder:
-        def __init__(self, compiled, device_index, spec=submission.GEMM_ARGUMENTS):
+        def __init__(self, compiled, spec, device_index):
             self.spec = spec
 
         def bind(self, values, stream):
-            bound.append((self.spec, tuple(values), stream))
+            bound.append((self.spec, dict(zip(self.spec.names, self.spec.ordered(values))), stream))
             return lambda: None
+
+    def standin(config):
+        kernel = config.make_kernel()
+        return submission.CompiledGemm(kernel, {name: (name, spec) for name, _, spec in kernel.host_functions()})
     monkeypatch.setattr(submission, "HostFunction", Recorder)
+    monkeypatch.setattr(submission, "compile_grouped_gemm", standin)
     monkeypatch.setattr(submission, "sm_count", lambda index: 132)
     return bound
 
@@ -359,76 +365,80 @@ def launch_two_routings(configs):
     return plan, first, out
 
 
-def test_the_kernel_path_passes_no_group_size_to_the_kernels(monkeypatch, bound):
+def operands(args, out) -> dict:
+    """The base addresses a MoE call passes its host functions, by argument name, without global scales."""
+    return dict(ptr_offs=args["offs"].data_ptr(), a_address=args["a"].data_ptr(), c_address=out.data_ptr(),
+                sfa_address=args["a_scale"].data_ptr(), sfb_address=args["b_scale"].data_ptr(),
+                a_global_address=0, b_global_address=0, a_global_per_group=0, b_global_per_group=0)
+
+
+def test_the_kernel_path_passes_no_group_size_to_the_kernels(bound):
     """The kernels' host arguments follow from T, E, N, K and the SM count alone: two routings of the same
     tokens bind the same values (the builder computes the sizes, P_g and the tile count from offs on the
     device), and the grid is sized for the most tiles any routing can make."""
-    from nvfp4_group_gemm import submission
-    monkeypatch.setattr(submission, "compile_grouped_gemm", lambda config: submission.CompiledGemm(1, 2, None, 3))
-    plan, first, out = launch_two_routings(submission.MOE_CONFIG)
-    offs = first["offs"]
-    gemm, builder_first, builder_second = bound
-    assert gemm[0] is submission.GEMM_ARGUMENTS and builder_first[0] is submission.OFFSETS_BUILDER_ARGUMENTS
+    from nvfp4_group_gemm import moe_tables, submission
+    plan, first, out = launch_two_routings(moe_tables.MOE_CONFIG)
+    gemm, builder_first, builder_second = bound  # the GEMM bound once, with the plan; the builder every call
+    assert gemm[0] is submission.GEMM_ARGUMENTS and builder_first[0] is moe_tables.OFFSETS_BUILDER_ARGUMENTS
     assert builder_first == builder_second
-    assert builder_first[1][:5] == (offs.data_ptr(), *plan.addresses, plan.memory.data_ptr())
-    assert builder_first[1][5:9] == (4, 202, 256, 512)  # E, T, N, K: no group's size
-    assert builder_first[1][14:] == (0, 0, 0, 0)  # no global scales
+    tables = {name: builder_first[1][name] for name in ("ptr_problem_sizes", "ptr_abc", "ptr_sf")}
+    abc_at, sf_at, sizes_at = submission.table_offsets(4)
+    assert tables == {name: plan.tables.data_ptr() + 8 * at
+                      for name, at in zip(tables, (sizes_at, abc_at, sf_at))}
+    assert builder_first[1] == {**tables, **operands(first, out), "ptr_tensormaps": plan.memory.data_ptr(),
+                                "b_address": first["b"].data_ptr(),
+                                "num_groups": 4, "tokens": 202, "n": 256, "k": 512}  # E, T, N, K: no group's size
     # the plan's T (256): every group one partial tile more than T / 128, two N tiles each
     most = (moe.token_capacity(202) + 127 * 4) // 128 * 2
-    assert gemm[1] == (*plan.addresses, plan.memory.data_ptr(), 4, most, min(most, 132), 0)
+    assert gemm[1] == {**tables, "ptr_tensormaps": plan.memory.data_ptr(), "num_groups": 4, "total_tiles": most,
+                       "num_ctas": min(most, 132), "plan_ready": 0}
     assert all(s == 7 for _, _, s in bound)
 
 
-def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(monkeypatch, bound):
+def test_the_hopper_kernel_path_is_one_launch_with_no_group_size(bound):
     """hopper.py's MoE form computes the groups from offs itself: one launch per call, whose arguments follow
     from T, E, N, K, the SM count and base addresses alone (two routings bind the same values), the plan's
     token counters zero from the start (each launch leaves them so)."""
-    from nvfp4_group_gemm import hopper, submission
+    from nvfp4_group_gemm import hopper
     config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"]
-    monkeypatch.setattr(submission, "compile_grouped_gemm",
-                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     plan, first, out = launch_two_routings(config)
-    assert plan.one_kernel and not plan.memory.any()
-    a, offs, a_scale = first["a"], first["offs"], first["a_scale"]
+    assert plan.tables is None and not plan.memory.any()
     first_call, second_call = bound
-    assert first_call == second_call and first_call[0] is hopper.MOE_GEMM_ARGUMENTS
-    values = first_call[1]
-    assert len(values) == len(hopper.MOE_GEMM_ARGUMENTS.widths) - 1  # all but the stream
+    assert first_call == second_call and first_call[0] is hopper.MOE_GEMM_ARGUMENTS and first_call[2] == 7
     scratch = plan.memory.data_ptr() + hopper.SM90_PLAN_LAYOUT.scratch_offset(4)
-    assert values[:4] == (offs.data_ptr(), plan.memory.data_ptr(), scratch, first["b"].data_ptr())
-    assert values[4:8] == (4, 202, 256, 512)  # E, T, N, K: no group's size
-    assert values[8:12] == tuple(t.data_ptr() for t in (a, out, a_scale, first["b_scale"]))
-    assert values[12:16] == (0, 0, 0, 0)  # no global scales
     most = (moe.token_capacity(202) + 127 * 4) // 128 * 2
-    assert values[16:] == (min(most, 132), hopper.MOE_EVERY_CALL, min(most, 132)) and first_call[2] == 7
+    assert first_call[1] == {**operands(first, out), "ptr_memory": plan.memory.data_ptr(), "ptr_scratch": scratch,
+                             "ptr_b": first["b"].data_ptr(), "num_groups": 4, "tokens": 202, "n": 256, "k": 512,
+                             "one_wave_ctas": min(most, 132), "one_wave_rule": hopper.MOE_EVERY_CALL,
+                             "num_ctas": min(most, 132)}
 
 
-def test_two_hopper_forms_share_a_plan_and_the_device_chooses(monkeypatch, bound):
+def test_two_hopper_forms_share_a_plan_and_the_device_chooses(bound):
     """Where hopper_policy.moe_forms gives two forms, each call launches both on the plan's one memory, in that order,
     with no group size: the first takes the calls past the default form's one wave, the second (the default)
     those within it, both told the default form's grid; each its own grid."""
-    from nvfp4_group_gemm import hopper, hopper_policy, submission
-    monkeypatch.setattr(submission, "compile_grouped_gemm",
-                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
+    from nvfp4_group_gemm import hopper, hopper_policy
     forms = (hopper.SM90_MOE_CONFIGS["sm90-192x256-k64-wr-pair-offs"],
              hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"])
     plan, first, out = launch_two_routings(forms)
     pair_first, default_first, pair_second, default_second = bound
     assert (pair_first, default_first) == (pair_second, default_second)
-    assert pair_first[1][:16] == default_first[1][:16]  # the same operands, plan memory and scratch
+    own = ("one_wave_rule", "num_ctas")
+    assert ({k: v for k, v in pair_first[1].items() if k not in own}
+            == {k: v for k, v in default_first[1].items() if k not in own})  # operands, plan memory, scratch
     most_default = (moe.token_capacity(202) + 127 * 4) // 128 * 2
     most_pair = (moe.token_capacity(202) + 191 * 4) // 192 * 1
-    assert pair_first[1][16:] == (min(most_default, 132), hopper.MOE_PAST_ONE_WAVE, min(most_pair, 66))
-    assert default_first[1][16:] == (min(most_default, 132), hopper.MOE_IN_ONE_WAVE, min(most_default, 132))
-    assert pair_first[1][16] == hopper_policy.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
+    assert [pair_first[1][k] for k in ("one_wave_ctas", *own)] == [min(most_default, 132), hopper.MOE_PAST_ONE_WAVE,
+                                                                   min(most_pair, 66)]
+    assert [default_first[1][k] for k in ("one_wave_ctas", *own)] == [min(most_default, 132),
+                                                                      hopper.MOE_IN_ONE_WAVE, min(most_default, 132)]
+    assert pair_first[1]["one_wave_ctas"] == hopper_policy.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
 
 
 def hopper_plan_on_the_cpu(monkeypatch, capturing: list):
     """The default Hopper MoE form's plan for 4 experts, N 256, K 512, 256 tokens, with recording launches
     (the `bound` fixture) and a capture state the test sets (capturing[0]); a routing of 202 tokens and out."""
     from nvfp4_group_gemm import hopper, submission
-    monkeypatch.setattr(submission, "compile_grouped_gemm",
-                        lambda c: submission.CompiledGemm(1, None, c.make_kernel()))
     monkeypatch.setattr(submission, "stream_capturing", lambda: capturing[0])
     config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"]
     plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu")
@@ -539,7 +549,7 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
     """kernel_forms' choice (hopper_policy.moe_forms models sampled routings) is made once per device capability, T, E,
     N, K, SM count, output type and form setting, and is the choice itself."""
     import dataclasses
-    from nvfp4_group_gemm import hopper, hopper_policy, submission
+    from nvfp4_group_gemm import hopper, hopper_policy, moe_tables, submission
     moe.forms_for.cache_clear()
     expected = tuple(dataclasses.replace(c, bf16_output=True) for c in hopper_policy.moe_forms(512, 2, 4096, 1536, 132))
     assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) == expected
@@ -549,6 +559,6 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
     monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64-offs")
     (named,) = moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, False, "sm90-128x128-k128-wr-n16-64-offs")
     assert named.tile_name == "sm90-128x128-k128-wr-n16-64-offs"
-    assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (submission.MOE_CONFIG,)
+    assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (moe_tables.MOE_CONFIG,)
     assert moe.forms_for((8, 0), 512, 2, 4096, 1536, 108, False, None) is None
     assert moe.forms_for((9, 0), 512, hopper.MOE_MAX_EXPERTS + 1, 4096, 1536, 132, False, None) is None
