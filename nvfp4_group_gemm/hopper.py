@@ -163,6 +163,17 @@ class Sm90TileConfig(TileConfig):
                 + ("-bf16" if self.bf16_output else ""))
 
     @property
+    def base_form(self) -> "Sm90TileConfig":
+        """The leaderboard form this one varies (not the MoE op's, fp16 output, the default schedule): what
+        SM90_CONFIGS and the cost tables (hopper_policy) name."""
+        return dataclasses.replace(self, device_offsets=False, bf16_output=False, schedule=submission.Schedule())
+
+    @property
+    def moe_form(self) -> "Sm90TileConfig":
+        """This form as the MoE op runs it: its groups from offs on the device (`moe_call`)."""
+        return dataclasses.replace(self, device_offsets=True)
+
+    @property
     def token_widths(self) -> tuple:
         """The wgmma N a token tile may run with, ascending, tile_m last: a tile of r rows runs the first
         width >= r (`widths`, else narrow_tokens, then tile_m)."""
@@ -194,9 +205,8 @@ SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr-n16-64"]  # the default form (`
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
 # The MoE op's forms (moe.py): these, each CTA computing the groups from their end rows on the device
-SM90_MOE_CONFIGS = {c.tile_name: c for c in (dataclasses.replace(f, device_offsets=True)
-                                              for f in SM90_CONFIGS.values())}
-SM90_MOE_DEFAULT = SM90_MOE_CONFIGS[SM90_CONFIG.tile_name + "-offs"]  # the default form's (`moe_forms`)
+SM90_MOE_CONFIGS = {c.tile_name: c for c in (f.moe_form for f in SM90_CONFIGS.values())}
+SM90_MOE_DEFAULT = SM90_CONFIG.moe_form  # the default form's (`moe_forms`)
 # What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
 SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
 

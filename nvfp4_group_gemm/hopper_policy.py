@@ -57,7 +57,7 @@ def tile_weights(problem_sizes, config: Sm90TileConfig, schedule: submission.Sch
     (docs/hopper.md, "Token widths")."""
     ordered = [problem_sizes[g] for g in submission.group_order(problem_sizes, schedule)]
     if config.narrow_tokens:
-        share = SM90_NARROW_TILE_SHARE[config.tile_name]
+        share = SM90_NARROW_TILE_SHARE[config.base_form.tile_name]
         return [ordered[g][2] * (share if narrow else 1.0)
                 for g, _, _, narrow in narrow_last_tiles(ordered, config.tile_m, config.tile_n, config.narrow_tokens)]
     return [size[2] for size in ordered for _ in range(submission.tile_count([size], config))]
@@ -69,7 +69,7 @@ def busiest_cta_cost(problem_sizes, num_sms: int, config: Sm90TileConfig) -> flo
     schedule = sm90_schedule(problem_sizes, num_sms, config)
     weights = tile_weights(problem_sizes, config, schedule)
     ctas = submission.persistent_ctas(len(weights), num_sms // config.cta_group, schedule.balanced_ctas)
-    return SM90_TILE_COST_NS[config.tile_name] * max(
+    return SM90_TILE_COST_NS[config.base_form.tile_name] * max(
         sum(weights[t] for t in submission.cta_tiles(cta, ctas, len(weights), schedule)) for cta in range(ctas))
 
 
@@ -111,10 +111,10 @@ def moe_choice(tokens: int, experts: int, n: int, k: int, num_sms: int) -> Sm90T
     routings = [[(m, n, k, 1) for m in counts if m] for counts in moe_routings(tokens, experts)]
     routings = [r for r in routings if r] or [[(1, n, k, 1)]]
 
-    def mean_cost(name):
-        return sum(busiest_cta_cost(r, num_sms, SM90_CONFIGS[name]) for r in routings) / len(routings)
-    return moe_scheduled(SM90_MOE_CONFIGS[min(SM90_TILE_COST_NS, key=mean_cost) + "-offs"], tokens, experts, n,
-                         num_sms)
+    def mean_cost(config):
+        return sum(busiest_cta_cost(r, num_sms, config) for r in routings) / len(routings)
+    best = min((SM90_CONFIGS[name] for name in SM90_TILE_COST_NS), key=mean_cost)
+    return moe_scheduled(best.moe_form, tokens, experts, n, num_sms)
 
 
 def moe_scheduled(config: Sm90TileConfig, tokens: int, experts: int, n: int, num_sms: int) -> Sm90TileConfig:

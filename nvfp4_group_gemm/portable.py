@@ -13,11 +13,6 @@ from .task import input_t, output_t
 
 PATH_PORTABLE = "portable-torch"  # custom_kernel's label for this path (submission.code_path)
 
-# E2M1 codes 0..15: sign bit 3, then magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
 def plain_scale_factors(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     """[32, 4, RB, 4, KB, 1] blocked view -> [rows, K/16] (row r = 128 rb + 32 i4 + i32,
     scale column j = 4 kb + j4)."""
@@ -27,12 +22,10 @@ def plain_scale_factors(blocked: torch.Tensor, rows: int, k: int) -> torch.Tenso
 
 
 def dequantize_bf16(packed: torch.Tensor, blocked_sf: torch.Tensor, rows: int, k: int) -> torch.Tensor:
-    """[rows, K/2, 1] FP4 and its blocked scale factors -> exact [rows, K] bf16."""
-    table = torch.tensor(_E2M1_VALUES, dtype=torch.bfloat16, device=packed.device)
-    codes = packed[:, :, 0].view(torch.uint8)
-    nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(rows, k).long()
-    scales = plain_scale_factors(blocked_sf, rows, k).to(torch.bfloat16)
-    return table[nibbles] * scales.repeat_interleave(SF_VEC_SIZE, dim=1)
+    """[rows, K/2, 1] FP4 and its blocked scale factors -> exact [rows, K] bf16 (`moe.decode`'s values, each
+    of at most 6 significant bits)."""
+    from .moe import decode
+    return decode(packed[:, :, 0], plain_scale_factors(blocked_sf, rows, k).view(torch.uint8)).to(torch.bfloat16)
 
 
 def _matmul_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:

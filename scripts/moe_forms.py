@@ -67,9 +67,8 @@ def main(argv=None) -> int:
         inputs = [stacked(sizes, n, k, "cuda" if gpu else "cpu", seed) for seed in range(COPIES)] if gpu else []
         for name, config in forms.items():
             # as moe_choice models it: the leaderboard form's busiest CTA
-            modeled = chosen_form(launched, sizes, n, tokens, experts, sms).tile_name if config is None else name
-            model = hopper_policy.busiest_cta_cost(problem_sizes, sms,
-                                            hopper.SM90_CONFIGS[modeled.replace("-offs", "")]) / 1000
+            modeled = chosen_form(launched, sizes, n, tokens, experts, sms) if config is None else config
+            model = hopper_policy.busiest_cta_cost(problem_sizes, sms, modeled) / 1000
             line = f"    {name:<40} model {model:8.2f} us"
             if gpu:
                 from nvfp4_group_gemm.peers import time_loop_us
