@@ -56,11 +56,16 @@ for release in $releases; do
         step $tool$at $tool$log "$sanitizer" --tool $tool --report-api-errors no --error-exitcode 9 \
           python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe ;;
       racecheck)
-        # the pattern alone first: its log shows what racecheck says of it, and that the verdict places its lines
-        step racecheck-pattern$at racecheck-pattern$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
-          python3 -W ignore scripts/racecheck_pattern.py plain
-        step racecheck-pattern-verdict$at racecheck-pattern-verdict$log python3 scripts/racecheck_verdict.py \
-          --pattern "$OUT/racecheck-pattern$log"
+        # the pattern alone first, every variant: what racecheck says of it fenced or not, that the verdict places
+        # its lines, and that it rejects the negative control (early-read: a load before the wait)
+        for variant in plain consumer-fence producer-fence early-read; do
+          step racecheck-$variant$at racecheck-$variant$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
+            python3 -W ignore scripts/racecheck_pattern.py $variant
+          expect=0; [ $variant = early-read ] && expect=1
+          step racecheck-$variant-verdict$at racecheck-$variant-verdict$log env EXPECT=$expect bash -c \
+            'python3 scripts/racecheck_verdict.py --pattern "$0"; rc=$?; echo "verdict exit $rc, expected $EXPECT"; [ $rc -eq $EXPECT ]' \
+            "$OUT/racecheck-$variant$log"
+        done
         step racecheck$at racecheck$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
           python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe
         step racecheck-verdict$at racecheck-verdict$log python3 scripts/racecheck_verdict.py "$OUT/racecheck$log" ;;

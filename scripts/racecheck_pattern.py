@@ -5,12 +5,14 @@ then releases the stage on its mbarrier; another warp waits for the release and
 refills the stage with a bulk copy (`cp.async.bulk`, the async proxy), which
 completes on the stage's full mbarrier: hopper.py's SFB stages exactly
 (`load_stage` writes, `dequantize_a_fragment` reads), with CuTe DSL's
-PipelineTmaAsync as the kernel builds it. The variant adds a proxy fence:
+PipelineTmaAsync as the kernel builds it. The variant adds a proxy fence, or breaks the ordering:
   plain           as the kernel is
   consumer-fence  the readers run fence.proxy.async.shared::cta before releasing
   producer-fence  the copying thread runs it after its wait, before the copy
+  early-read      the negative control: the readers load each stage before waiting for it (a real race,
+                  on a line of its own, which scripts/racecheck_verdict.py must reject; its sums may be wrong)
 Usage: python scripts/racecheck_pattern.py [VARIANT] (default plain) on a GPU
-of sm_90 or newer; exits 0 when the sums the readers saw are exact.
+of sm_90 or newer; exits 0 when the sums the readers saw are exact (early-read: when it ran).
 `--ptx VARIANT` prints its sm_90a PTX instead (no GPU needed). scripts/gpu-check.sh runs every
 variant under racecheck: what racecheck reports on them tells a tool that
 cannot see this ordering from a missing fence."""
@@ -34,7 +36,7 @@ from cutlass.cute.runtime import make_ptr  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nvfp4_group_gemm.submission import SmemAllocator  # noqa: E402  (where this DSL release keeps it)
 
-VARIANTS = ("plain", "consumer-fence", "producer-fence")
+VARIANTS = ("plain", "consumer-fence", "producer-fence", "early-read")
 STAGES, STAGE_BYTES, ROUNDS = 4, 64, 256  # 64 bytes: the Hopper kernel's SFB stage at tile_n 128, tile_k 128
 
 
@@ -66,8 +68,11 @@ def ring(src: cute.Tensor, out: cute.Tensor, variant: cutlass.Constexpr):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, STAGES)
         total = cutlass.Uint32(0)
         for r in cutlass.range(ROUNDS, unroll=1):
+            if cutlass.const_expr(variant == "early-read"):  # the negative control: a load before the wait
+                total = words[(lane % 16, state.index)] + total
             ab.consumer_wait(state)
-            total = total + words[(lane % 16, state.index)]
+            if cutlass.const_expr(variant != "early-read"):
+                total = total + words[(lane % 16, state.index)]
             if cutlass.const_expr(variant == "consumer-fence"):
                 cute.arch.fence_view_async_shared()
             ab.consumer_release(state)
@@ -111,7 +116,7 @@ def main(argv: list) -> int:
     got = out.to(torch.int64) & 0xFFFFFFFF
     exact = torch.equal(got, torch.cat([want, want]))
     print(f"racecheck_pattern {variant}: {'exact' if exact else 'WRONG'} ({ROUNDS} rounds of {STAGES} stages)")
-    return 0 if exact else 1
+    return 0 if exact or variant == "early-read" else 1
 
 
 if __name__ == "__main__":

@@ -185,33 +185,54 @@ def run_verdict(tmp_path, text: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def with_lines(text: str, write_at: str, read_at: str) -> str:
+GEMM_SYMBOL = re.search(r"at (kernel_cutlass_\w+)\+", RACECHECK_LOG.read_text()).group(1)  # the Hopper GEMM's
+
+
+def with_lines(text: str, write_at: str, read_at: str, kernel: str = GEMM_SYMBOL) -> str:
     """The log as racecheck writes it with line information: ` in FILE:LINE:KERNEL` after each access."""
-    text = re.sub(r"(Write access at \S+)", rf"\1 in /somewhere/{write_at}:kernel", text)
-    return re.sub(r"(Read access at \S+)", rf"\1 in /somewhere/{read_at}:kernel", text)
+    text = re.sub(r"(Write access at \S+)", rf"\1 in /somewhere/{write_at}:{kernel}", text)
+    return re.sub(r"(Read access at \S+)", rf"\1 in /somewhere/{read_at}:{kernel}", text)
+
+
+def hazard_log(direction: str, write_at: str, read_at: str, kernel: str = GEMM_SYMBOL) -> str:
+    """One report in racecheck's hazard form (`--racecheck-report hazard`), which names the direction."""
+    return (f"========= Error: Potential {direction} hazard detected at __shared__ 0x40 in block (3, 0, 0) :\n"
+            f"=========     Write Thread (256, 0, 0) at {kernel}+0x2ad0 in /somewhere/{write_at}:{kernel}\n"
+            f"=========     Read Thread (5, 0, 0) at {kernel}+0x6b20 in /somewhere/{read_at}:{kernel}\n"
+            "=========     Current Value : 0, Incoming Value : 0\n"
+            "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
 
 
 def line_of(path, needle: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
 
 
+HOPPER_SOURCE = ROOT / "nvfp4_group_gemm" / "hopper.py"
+
+
+def hopper_line(needle: str) -> str:
+    return f"nvfp4_group_gemm/hopper.py:{line_of(HOPPER_SOURCE, needle)}"
+
+
 def proven_pattern_lines() -> tuple:
-    """Where the Hopper kernel's proven pattern is: its SFB bulk copy (the write) and its scale-word reads."""
-    hopper = ROOT / "nvfp4_group_gemm" / "hopper.py"
-    return (f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'cute.copy(bulk, src, sSFB')}",
-            f"nvfp4_group_gemm/hopper.py:{line_of(hopper, 'scale_words = cute.recast_tensor')}")
+    """Where the Hopper kernel's proven pattern is: its SFB bulk copy (the write) and its scale-word load."""
+    return hopper_line("cute.copy(bulk, src, sSFB"), hopper_line("scales = scale_words[")
 
 
 def test_racecheck_verdict_passes_only_the_proven_pattern(tmp_path):
+    """The exact write and read statements in the Hopper GEMM pass; the same report anywhere else fails: the
+    scale words' view rather than their load, the packed B load (another buffer), another kernel (the
+    descriptor builder), the write elsewhere, no line information at all."""
     text = RACECHECK_LOG.read_text()
     write, read = proven_pattern_lines()
     done = run_verdict(tmp_path, with_lines(text, write, read))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "917504 hazards, all of the proven pattern" in done.stdout
-    # the same races placed elsewhere (the epilogue's line, say), or with no line information: a failure
-    producer = line_of(ROOT / "nvfp4_group_gemm" / "hopper.py", "def producer(")
-    elsewhere = f"nvfp4_group_gemm/hopper.py:{producer + 2}"
-    for text_ in (with_lines(text, elsewhere, read), with_lines(text, write, elsewhere), text):
+    builder = GEMM_SYMBOL.replace("Sm90GroupedGemmKernel", "Sm90TensormapBuilder")
+    producer = hopper_line("def producer(")
+    for text_ in (with_lines(text, write, hopper_line("scale_words = cute.recast_tensor")),
+                  with_lines(text, write, hopper_line("packed = blocks[r,")),
+                  with_lines(text, write, read, kernel=builder), with_lines(text, producer, read), text):
         done = run_verdict(tmp_path, text_)
         assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
     assert run_verdict(tmp_path, "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
@@ -219,25 +240,49 @@ def test_racecheck_verdict_passes_only_the_proven_pattern(tmp_path):
     assert run_verdict(tmp_path, "no summary: the tool stopped\n").returncode == 1
 
 
+def test_racecheck_verdict_reads_the_hazard_form_and_passes_only_write_after_read(tmp_path):
+    """In racecheck's hazard form the direction is given: the proven pattern is a write after reads; a read
+    after the write on the same statements (a consumer reading a stage before its wait) fails, as does WAW."""
+    write, read = proven_pattern_lines()
+    done = run_verdict(tmp_path, hazard_log("WAR", write, read))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for direction in ("RAW", "WAW"):
+        done = run_verdict(tmp_path, hazard_log(direction, write, read))
+        assert done.returncode == 1 and direction in done.stdout, done.stdout
+
+
 def test_racecheck_verdict_fails_reports_it_cannot_read_and_the_pattern_outside_its_own_log(tmp_path):
-    """Reports in another of racecheck's forms, or more reports than the verdict read, fail it (they passed as
-    "clean"); the pattern kernel's lines pass only the pattern's own log (--pattern)."""
+    """Reports in a form it does not know, or more reports than the verdict read, fail it (they passed as
+    "clean"); the pattern kernel's lines pass only the pattern's own log (--pattern), and there its negative
+    control (racecheck_pattern.py early-read: a load before the wait) fails."""
     summary = "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n"
-    for other_form in ("========= ERROR: Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :\n",
-                       "========= WARN: Race reported between Write access at k+0x10 and Read access at k+0x20\n"):
+    for other_form in ("========= ERROR: Potential hazard of some new kind at __shared__ 0x10 :\n",
+                       "========= Note: a race reported in words this verdict has never seen\n"):
         done = run_verdict(tmp_path, other_form + summary)
         assert done.returncode == 1 and "does not read" in done.stdout, done.stdout
+    for known_form in ("========= ERROR: Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :\n",
+                       "========= WARN: Race reported between Write access at k+0x10 and Read access at k+0x20\n"):
+        done = run_verdict(tmp_path, known_form + summary)  # read now (they passed as "clean"), and not the pattern
+        assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
     text = RACECHECK_LOG.read_text()
     pattern = ROOT / "scripts" / "racecheck_pattern.py"
-    ring = f"scripts/racecheck_pattern.py:{line_of(pattern, 'def ring') + 2}"
-    in_ring = with_lines(text, ring, ring)
+    write_at = f"scripts/racecheck_pattern.py:{line_of(pattern, 'cute.copy(bulk, src[(None, r)]')}"
+    read_at = f"scripts/racecheck_pattern.py:{line_of(pattern, 'total = total + words[')}"
+    early_at = f"scripts/racecheck_pattern.py:{line_of(pattern, 'total = words[')}"
+    ring = "kernel_cutlass_ring_0"
+    in_ring = with_lines(text, write_at, read_at, kernel=ring)
     done = run_verdict(tmp_path, in_ring)
     assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
-    log = tmp_path / "pattern.log"
-    log.write_text(in_ring)
-    done = subprocess.run([sys.executable, "scripts/racecheck_verdict.py", "--pattern", str(log)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+
+    def pattern_verdict(text_):
+        log = tmp_path / "pattern.log"
+        log.write_text(text_)
+        return subprocess.run([sys.executable, "scripts/racecheck_verdict.py", "--pattern", str(log)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    done = pattern_verdict(in_ring)
     assert done.returncode == 0, done.stdout + done.stderr
+    done = pattern_verdict(with_lines(text, write_at, early_at, kernel=ring))
+    assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
     two = with_lines(text, *proven_pattern_lines()).replace("1 hazard displayed (1 error", "2 hazards displayed (2 errors")
     done = run_verdict(tmp_path, two)
     assert done.returncode == 1 and "the summary counts 2 reports, 1 were read" in done.stdout, done.stdout
@@ -248,7 +293,7 @@ def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_i
     """The pattern kernel issues the Hopper kernel's SFB forms (bulk copy completing on an mbarrier, 32-bit
     shared loads, PipelineTmaAsync's arrive and wait); a variant adds one fence.proxy.async, the plain one none."""
     ptx = {}
-    for variant in ("plain", "consumer-fence", "producer-fence"):
+    for variant in ("plain", "consumer-fence", "producer-fence", "early-read"):
         done = subprocess.run([sys.executable, "scripts/racecheck_pattern.py", "--ptx", variant], cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -256,7 +301,8 @@ def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_i
     for variant, text in ptx.items():
         assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in text, variant
         assert re.search(r"ld\.shared\.(?:b|u)32", text) and "mbarrier.arrive.expect_tx" in text, variant
-        assert len(re.findall(r"fence\.proxy\.async\.shared::cta", text)) == (variant != "plain"), variant
+        fenced = variant in ("consumer-fence", "producer-fence")
+        assert len(re.findall(r"fence\.proxy\.async\.shared::cta", text)) == fenced, variant
     assert not list(ROOT.glob("*.ptx"))  # nothing left behind
 
 
