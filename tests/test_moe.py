@@ -187,9 +187,10 @@ def test_the_torch_ops_exist_once_the_package_is_imported_after_torch():
     from conftest import ROOT
     ops = subprocess.run([sys.executable, "-c", "import torch, nvfp4_group_gemm; "
                           "print(torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4, "
-                          "torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4_out)"],
+                          "torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4_out, torch.ops.nvfp4_group_gemm.moe_mlp_nvfp4)"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert ops.returncode == 0 and "grouped_mm_nvfp4_out" in ops.stdout, ops.stderr[-2000:]
+    assert ops.returncode == 0 and "grouped_mm_nvfp4_out" in ops.stdout and "moe_mlp_nvfp4" in ops.stdout, \
+        ops.stderr[-2000:]
     light = subprocess.run([sys.executable, "-c", "import sys, nvfp4_group_gemm; print('torch' in sys.modules)"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert light.stdout.strip() == "False", light.stderr[-2000:]

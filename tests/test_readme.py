@@ -129,3 +129,5 @@ def test_the_readmes_moe_example_runs_and_computes_the_layer():
     exact = torch.einsum("tk,tnk->tn", x, w[expert])
     cosine = torch.nn.functional.cosine_similarity(y.float(), exact, dim=1)
     assert y.shape == exact.shape and cosine.min() > 0.97, cosine.min()
+    h, offs, order = namespace["h"], namespace["offs"], namespace["order"]  # the expert MLP after it
+    assert h.shape == x.shape and h.dtype == torch.bfloat16 and torch.isfinite(h[:int(offs[-1])]).all()
