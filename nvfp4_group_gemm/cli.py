@@ -221,7 +221,7 @@ def command_run(options) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-PEOPLE_COMMANDS = ("all", "tests", "benchmarks", "compile", "model", "overhead", "sweep", "moe")
+PEOPLE_COMMANDS = ("all", "tests", "benchmarks", "compile", "model", "overhead", "sweep", "moe", "mlp")
 
 
 ARCHES = ("sm_100a", "sm_90a")
@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("moe", help="the MoE op (grouped_mm_nvfp4) on the task's shape sets of one N and K as "
                    "stacked inputs: checked against the reference; on a GPU timed beside custom_kernel and "
                    "torch._grouped_mm")
+    sub.add_parser("mlp", help="the expert MLP (moe_mlp_nvfp4) on top-2 routings against the bf16 MLP: its "
+                   "error, CUDA graph replays under new routings; on a GPU timed (eager and replayed) at E 8, "
+                   "hidden 7,168, intermediate 2,048, 512 and 4,096 rows")
     for mode, what in (("test", "run FILE's cases once and check them"),
                        ("benchmark", "check, then time FILE's cases"),
                        ("leaderboard", "time FILE's cases with rechecks, as a ranked run"),
@@ -366,8 +369,13 @@ def command_moe(options) -> int:
     return moe_report.command_moe(options)
 
 
+def command_mlp(options) -> int:
+    from nvfp4_group_gemm import mlp_report
+    return mlp_report.command_mlp(options)
+
+
 COMMANDS = {"compile": command_compile, "model": command_model, "overhead": command_overhead,
-            "sweep": command_sweep, "moe": command_moe}  # the rest: command_run
+            "sweep": command_sweep, "moe": command_moe, "mlp": command_mlp}  # the rest: command_run
 
 
 def dispatch(argv: list) -> int:

@@ -276,6 +276,17 @@ def test_moe_checks_the_op_on_the_tasks_uniform_shape_sets():
         assert "(benchmark 0 left out: N x K over 16,777,216, minutes on a CPU)" in done.stdout  # said, not silent
 
 
+def test_mlp_checks_the_expert_mlp_and_its_replays_under_new_routings():
+    """`eval.py mlp`: the MLP against the bf16 MLP at two row counts (error printed, under 0.25), then three
+    routings through the same buffers (a CUDA graph's replays on a GPU), each equal to an eager call."""
+    done = subprocess.run([sys.executable, "-W", "ignore", "eval.py", "mlp"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    errors = [float(line.split("bf16 MLP ")[1].split()[0]) for line in done.stdout.splitlines() if "error vs" in line]
+    assert len(errors) == 2 and all(0 < e < 0.25 for e in errors), done.stdout
+    assert done.stdout.count("equal to an eager call") == 3, done.stdout
+
+
 def test_the_benchmark_table_gives_each_shapes_share_of_the_cards_floor(capsys, monkeypatch):
     """On a Hopper card each benchmark's floor: the longer of its FLOPs at the fp16 dense rate and its bytes at
     the HBM bandwidth (benchmark 0 on an H100: 60.1 GFLOP at 989 TFLOP/s, 60.8 us; decode's M = 16 per group:

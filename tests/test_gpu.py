@@ -710,3 +710,25 @@ def test_moe_kernel_takes_vllms_expert_offsets_view():
     expected = moe.grouped_mm_nvfp4(**args, out_dtype=torch.float16)
     got = moe.grouped_mm_nvfp4(**{**args, "offs": expert_offsets[1:]}, out_dtype=torch.float16)
     assert torch.equal(got, expected)
+
+
+@needs_hopper_or_b200
+def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
+    """moe_mlp_nvfp4 on the GPU: both GEMMs on the kernels, near the bf16 MLP (two roundings of the activations
+    to NVFP4), and a CUDA graph captured on one routing replayed under three, each equal to an eager call."""
+    from nvfp4_group_gemm import mlp, mlp_report, moe
+    device = torch.device("cuda")
+    experts = mlp_report.make_experts(4, 512, 256, device)
+    x, offs = mlp_report.top2_routing(600, 4, 512, device, seed=0)
+    x_global, h_global = mlp_report.activation_scales(x, offs, experts)
+    out = mlp.moe_mlp_nvfp4(x, offs, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
+                            w13_global=experts.w13_global, w2_global=experts.w2_global, x_global=x_global,
+                            h_global=h_global)
+    want = mlp_report.bf16_mlp(x, offs, experts).float()
+    assert float((out.float() - want).norm() / want.norm()) < 0.25
+    a, a_scale = mlp.quantize_tokens_device(x, offs, x_global)  # the first GEMM's operands: a kernel takes them
+    problem = moe.Problem(a, experts.w13, a_scale, experts.w13_scale, offs, x_global, experts.w13_global,
+                          torch.bfloat16, None)
+    assert moe.kernel_forms(problem, a, experts.w13_scale, a_scale, x_global, experts.w13_global,
+                            problem.new_output()) is not None
+    assert mlp_report.replays_follow_new_routings(experts, 4, 512, device, gpu=True)

@@ -1,0 +1,217 @@
+"""`eval.py mlp`: the expert MLP (`mlp.moe_mlp_nvfp4`) on a top-2 router's routings, against the bf16 MLP (two
+torch._grouped_mm on the dequantized weights, silu(gate) * up between them) with the same offs.
+
+On a GPU: E = 8 experts of DeepSeek-V3's shape (hidden 7,168, intermediate 2,048: gate_up N 4,096, K 7,168;
+down N 7,168, K 2,048) at 512 and 4,096 rows; each side timed eagerly (CUDA events over back-to-back calls)
+and replayed from a CUDA graph, the NVFP4 MLP's error against the bf16 MLP printed, the quantizer's and the
+activation's share of the MLP's time, and the quantizer's bandwidth (bytes read and written over its time,
+against the card's HBM bandwidth). Then a CUDA graph captured on one routing is replayed under two new ones
+copied into the same buffers, each replay compared with an eager call. Without a GPU: the same checks at a
+toy shape (hidden 512, intermediate 256, E 4), no timing."""
+from typing import NamedTuple
+
+GPU_SHAPE = (8, 7168, 2048)  # E, hidden, intermediate
+CPU_SHAPE = (4, 512, 256)
+GPU_ROWS = (512, 4096)
+CPU_ROWS = (64, 300)
+CALLS = 20
+
+
+class Experts(NamedTuple):
+    w13: object
+    w13_scale: object
+    w2: object
+    w2_scale: object
+    w13_global: object
+    w2_global: object
+    w13_bf16: object  # (E, 2I, hidden) the dequantized values, for the bf16 MLP
+    w2_bf16: object  # (E, hidden, I)
+
+
+def make_experts(e: int, hidden: int, inter: int, device, seed: int = 0) -> Experts:
+    import torch
+    from nvfp4_group_gemm import moe
+    gen = torch.Generator(device=device).manual_seed(seed)
+    arrays = []
+    for n, k in ((2 * inter, hidden), (hidden, inter)):
+        w = torch.randn(e, n, k, generator=gen, device=device) / k ** 0.5
+        global_ = w.abs().amax(dim=(1, 2)) / (moe.E2M1_MAX * moe.E4M3_MAX)  # each expert's decode scale
+        packed, scale = moe.quantize_experts(w, global_)
+        rows = moe.scale_offsets(torch.arange(n, device=device), k // moe.SF_VEC_SIZE, moe.scale_width(k))
+        flat = scale.reshape(e, -1).view(torch.uint8)
+        values = torch.stack([(moe.decode(packed[x], flat[x][rows]) * global_[x]).to(torch.bfloat16)
+                              for x in range(e)])
+        arrays.append((packed, scale, global_, values))
+    (w13, s13, g13, v13), (w2, s2, g2, v2) = arrays
+    return Experts(w13, s13, w2, s2, g13, g2, v13, v2)
+
+
+def top2_routing(rows: int, e: int, hidden: int, device, seed: int):
+    """rows / 2 tokens, each sent to its router's top 2 of E experts (logits with per-expert biases, so the
+    loads are uneven): the rows sorted by expert (bf16, (rows, hidden)) and offs."""
+    import torch
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tokens = torch.randn(rows // 2, hidden, generator=gen, device=device)
+    logits = torch.randn(rows // 2, e, generator=gen, device=device) + torch.linspace(0, 2, e, device=device)
+    expert = logits.topk(2, dim=1).indices.reshape(-1)
+    order = expert.argsort(stable=True)
+    offs = torch.bincount(expert, minlength=e).cumsum(0).to(torch.int32)
+    return tokens.repeat_interleave(2, dim=0)[order].to(torch.bfloat16), offs
+
+
+def activation_scales(x, offs, experts: Experts):
+    """The two activations' decode scales, as a calibration pass sets them: amax / (6 x 448) of x and of the
+    SwiGLU output of the same rows through the dequantized weights."""
+    import torch
+    from nvfp4_group_gemm import moe
+    largest = moe.E2M1_MAX * moe.E4M3_MAX
+    if x.is_cuda:
+        h = torch._grouped_mm(x, experts.w13_bf16.transpose(1, 2), offs=offs).float()
+    else:
+        h = torch.cat([x[start:end].float() @ experts.w13_bf16[g].float().t() for g, (start, end) in
+                       enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
+    inter = h.shape[1] // 2
+    y = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+    return (x.float().abs().amax() / largest).reshape(()), (y.abs().amax() / largest).reshape(())
+
+
+def bf16_mlp(x, offs, experts: Experts):
+    import torch
+    h = torch._grouped_mm(x, experts.w13_bf16.transpose(1, 2), offs=offs)
+    inter = h.shape[1] // 2
+    y = (torch.nn.functional.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)
+    return torch._grouped_mm(y, experts.w2_bf16.transpose(1, 2), offs=offs)
+
+
+def reference_mlp(x, offs, experts: Experts):
+    """The bf16 MLP in fp32 per group on the CPU (no torch._grouped_mm there)."""
+    import torch
+    rows, start = [], 0
+    inter = experts.w13_bf16.shape[1] // 2
+    for g, end in enumerate(offs.tolist()):
+        h = x[start:end].float() @ experts.w13_bf16[g].float().t()
+        rows.append((torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ experts.w2_bf16[g].float().t())
+        start = end
+    return torch.cat(rows)
+
+
+def event_us(fn, calls: int = CALLS) -> float:
+    """Mean us of `fn` over `calls` back-to-back calls (CUDA events), after two warm-up calls."""
+    import torch
+    for _ in range(2):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return 1000 * start.elapsed_time(end) / calls
+
+
+def graph_us(fn, calls: int = CALLS) -> float:
+    """Mean us of `fn` replayed from a CUDA graph captured after a warm-up call."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return event_us(graph.replay, calls)
+
+
+def command_mlp(options) -> int:
+    import torch
+    from nvfp4_group_gemm import measure, mlp
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    (e, hidden, inter), row_counts = (GPU_SHAPE, GPU_ROWS) if gpu else (CPU_SHAPE, CPU_ROWS)
+    name = torch.cuda.get_device_name() if gpu else "the CPU"
+    print(f"moe_mlp_nvfp4 on {name}: E = {e}, hidden {hidden}, intermediate {inter}, top-2 routings"
+          + ("" if gpu else " (no GPU: a toy shape, checks only)"))
+    experts = make_experts(e, hidden, inter, device)
+    failed = False
+    for rows in row_counts:
+        x, offs = top2_routing(rows, e, hidden, device, seed=rows)
+        x_global, h_global = activation_scales(x, offs, experts)
+
+        def nvfp4():
+            return mlp.moe_mlp_nvfp4(x, offs, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
+                                     w13_global=experts.w13_global, w2_global=experts.w2_global, x_global=x_global,
+                                     h_global=h_global)
+        out = nvfp4()
+        want = bf16_mlp(x, offs, experts) if gpu else reference_mlp(x, offs, experts)
+        error = float((out.float() - want.float()).norm() / want.float().norm())
+        ok = error < 0.25
+        failed |= not ok
+        line = f"  rows {rows:>5} (loads {min_max(offs)}): error vs the bf16 MLP {error:.3f} {'ok' if ok else 'WRONG'}"
+        if gpu:
+            ours, ours_graph = event_us(nvfp4), graph_us(nvfp4)
+            theirs, theirs_graph = event_us(lambda: bf16_mlp(x, offs, experts)), graph_us(
+                lambda: bf16_mlp(x, offs, experts))
+            quantize = event_us(lambda: mlp.quantize_tokens_device(x, offs, x_global))
+            h = torch.empty(rows, 2 * inter, dtype=torch.bfloat16, device=device).normal_()
+            activation = event_us(lambda: mlp.quantize_tokens_device(mlp.swiglu(h), offs, h_global))
+            line += (f"\n    NVFP4 MLP {ours:8.1f} us eager, {ours_graph:8.1f} replayed; bf16 MLP {theirs:8.1f} / "
+                     f"{theirs_graph:8.1f}: {theirs / ours:.2f}x eager, {theirs_graph / ours_graph:.2f}x replayed"
+                     f"\n    quantizer {quantize:.1f} us + activation and requantization {activation:.1f} us: "
+                     f"{100 * (quantize + activation) / ours:.0f}% of the NVFP4 MLP")
+            if rows == max(row_counts):
+                moved = rows * hidden * 2 + rows * hidden // 2 + moe_scale_bytes(rows, e, hidden)
+                card = measure.card_of(name)
+                line += (f"\n    quantizer at T {rows}, K {hidden}: {moved / quantize / 1e3:.0f} GB/s"
+                         + (f" ({100 * moved / quantize / 1e6 / card.bytes_per_s * 1e12:.0f}% of the "
+                            f"{card.name}'s HBM bandwidth)" if card else ""))
+        print(line, flush=True)
+    failed |= not replays_follow_new_routings(experts, e, hidden, device, gpu)
+    return 1 if failed else 0
+
+
+def moe_scale_bytes(rows: int, e: int, k: int) -> int:
+    from nvfp4_group_gemm import moe
+    return moe.worst_case_scale_rows(rows, e) * moe.scale_width(k)
+
+
+def min_max(offs) -> str:
+    import torch
+    sizes = torch.diff(offs.long(), prepend=offs.new_zeros(1).long())
+    return f"{int(sizes.min())}..{int(sizes.max())}"
+
+
+def replays_follow_new_routings(experts: Experts, e: int, hidden: int, device, gpu: bool) -> bool:
+    """A CUDA graph captured on one routing, replayed after two others are copied into its buffers: each
+    replay equal to an eager call on that routing (on the CPU: the eager calls alone)."""
+    import torch
+    from nvfp4_group_gemm import mlp
+    rows = 512 if gpu else 64
+    routings = [top2_routing(rows, e, hidden, device, seed=seed) for seed in (1, 2, 3)]
+    x, offs = (t.clone() for t in routings[0])
+    scale = torch.tensor(0.01, device=device)
+
+    def call():
+        return mlp.moe_mlp_nvfp4(x, offs, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
+                                 w13_global=experts.w13_global, w2_global=experts.w2_global, x_global=scale,
+                                 h_global=scale)
+    if gpu:
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+    good = True
+    for i, (new_x, new_offs) in enumerate(routings):
+        x.copy_(new_x)
+        offs.copy_(new_offs)
+        if gpu:
+            graph.replay()
+            got = out.clone()
+        else:
+            got = call()
+        want = call()
+        end = int(new_offs[-1])
+        same = torch.equal(got[:end], want[:end])
+        good &= same
+        print(f"  routing {i} (loads {min_max(new_offs)}): {'replayed' if gpu else 'eager'} "
+              f"{'equal to an eager call' if same else 'DIFFERS from an eager call'}")
+    return good
