@@ -360,7 +360,9 @@ class KernelPlan:
     one computes (`hopper_policy.MOE_TWO_FORM_RULES`)."""
 
     def __init__(self, configs, device_index: int, stream: int, experts: int, n: int, k: int, tokens: int,
-                 device=None):
+                 device=None, rules: Optional[tuple] = None):
+        """`rules`: which calls each of hopper.py's forms takes (default: every call for one form,
+        `hopper_policy.MOE_TWO_FORM_RULES` for two)."""
         from . import moe_tables, submission
         device = torch.device("cuda", device_index) if device is None else device  # a stand-in's test: "cpu"
         compiled = [submission.compile_grouped_gemm(c) for c in configs]
@@ -387,11 +389,13 @@ class KernelPlan:
             abc_at, sf_at, sizes_at = submission.table_offsets(experts)
             plan.update(zip(("ptr_problem_sizes", "ptr_abc", "ptr_sf"),
                             (self.tables.data_ptr() + 8 * at for at in (sizes_at, abc_at, sf_at))))
+        self.one_wave_ctas = None
         if "one_wave_rule" in names:  # hopper.py's forms: which calls each launch takes
             from . import hopper, hopper_policy
-            rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper_policy.MOE_TWO_FORM_RULES
-            plan["one_wave_ctas"] = hopper_policy.moe_one_wave_ctas(tokens, experts, n,
-                                                                     submission.sm_count(device_index))
+            if rules is None:
+                rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper_policy.MOE_TWO_FORM_RULES
+            self.one_wave_ctas = hopper_policy.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
+            plan["one_wave_ctas"] = self.one_wave_ctas
         # each form's host functions in launch order, with the plan's values; bound now where the call adds none
         self.launches = []
         for i, (config, form) in enumerate(zip(configs, compiled)):

@@ -639,8 +639,7 @@ def test_moe_two_forms_per_call_the_device_runs_the_one_its_rule_names():
         within_one_rounding(out, cpu)
         stream = submission.current_stream_handle(0)
         for form, rule in zip(forms, hopper_policy.MOE_TWO_FORM_RULES):
-            plan = moe.KernelPlan((form,), 0, stream, 4, n, k, moe.token_capacity(tokens))
-            plan.rules = (rule,)
+            plan = moe.KernelPlan((form,), 0, stream, 4, n, k, moe.token_capacity(tokens), rules=(rule,))
             assert plan.one_wave_ctas == one_wave
             out = torch.full((tokens, n), float("nan"), dtype=torch.float16, device="cuda")
             plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], out)

@@ -436,6 +436,18 @@ def test_two_hopper_forms_share_a_plan_and_the_device_chooses(bound):
     assert pair_first[1]["one_wave_ctas"] == hopper_policy.moe_one_wave_ctas(moe.token_capacity(202), 4, 256, 132)
 
 
+def test_a_hopper_plan_takes_the_calls_its_rule_says(bound):
+    """A plan of one form told which calls to take (as the two-form launch tells each) binds that rule."""
+    from nvfp4_group_gemm import hopper
+    config = hopper.SM90_MOE_CONFIGS["sm90-128x128-k128-wr-n16-64-offs"]
+    plan = moe.KernelPlan((config,), 0, 7, experts=4, n=256, k=512, tokens=256, device="cpu",
+                          rules=(hopper.MOE_IN_ONE_WAVE,))
+    args, _ = routed((72, 0, 129, 1))
+    plan.launch(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], torch.empty(202, 256))
+    ((_, values, _),) = bound
+    assert values["one_wave_rule"] == hopper.MOE_IN_ONE_WAVE and values["one_wave_ctas"] == plan.one_wave_ctas
+
+
 def hopper_plan_on_the_cpu(monkeypatch, capturing: list):
     """The default Hopper MoE form's plan for 4 experts, N 256, K 512, 256 tokens, with recording launches
     (the `bound` fixture) and a capture state the test sets (capturing[0]); a routing of 202 tokens and out."""
