@@ -37,8 +37,8 @@ def command_overhead(options) -> int:
     cases = options.bench_cases
     where = (f"on {torch.cuda.get_device_name()}" if torch.cuda.is_available()
              else "on the CPU (no GPU: preparation only)")
-    print(f"Host microseconds per custom_kernel call {where}, median of passes over "
-          f"{hostbench.NUM_INPUTS} inputs called back to back:")
+    print(f"Host microseconds per custom_kernel call {where}, median of passes over {hostbench.NUM_INPUTS} "
+          "inputs called back to back (on a Hopper or B200 GPU also the MoE op's, the same data stacked):")
     keys = None
     for i, case in cases:
         results = hostbench.measure(case.args, repeats=options.repeats)
