@@ -154,8 +154,8 @@ def test_the_console_command_speaks_its_own_name(tmp_path):
     done = subprocess.run([command, "bench"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == ("nvfp4-group-gemm: unknown command 'bench': did you mean 'benchmarks'? commands "
-                                   "are all, tests, benchmarks, compile, model, overhead, sweep, moe, and the protocol "
-                                   "modes test, benchmark, leaderboard, profile (with POPCORN_FD); see "
+                                   "are all, tests, benchmarks, compile, model, overhead, sweep, moe, mlp, and the "
+                                   "protocol modes test, benchmark, leaderboard, profile (with POPCORN_FD); see "
                                    "nvfp4-group-gemm --help")
     usage = subprocess.run([command, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 0 and usage.stdout.startswith("usage: nvfp4-group-gemm ")
