@@ -176,3 +176,36 @@ def test_torch_compile_traces_the_mlp_whole_graph():
         return mlp.moe_mlp_nvfp4(x, offs, **weights, alpha=1.702, beta=1.0, limit=7.0)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x, offs), layer(x, offs))
+
+
+def test_the_docs_moe_layer_is_near_a_bf16_reference_layer():
+    """docs/moe.md's whole MoE layer (router top-2, sort, the MLP, weighted combine) against the same layer in
+    bf16 torch ops on the dequantized weights; the error printed."""
+    import re
+    from conftest import ROOT
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "moe.md").read_text(), re.S)
+                if "def moe_layer" in b]
+    namespace = {}
+    exec(compile(block, "docs/moe.md", "exec"), namespace)
+    gen = torch.Generator().manual_seed(3)
+    e, hidden, inter, tokens = 4, 256, 256, 150
+    w13 = (torch.randn(e, 2 * inter, hidden, generator=gen) / hidden ** 0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, hidden, inter, generator=gen) / inter ** 0.5).to(torch.bfloat16)
+    router = torch.randn(e, hidden, generator=gen)
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    experts = namespace["nvfp4_experts"](w13, w2)
+    out = namespace["moe_layer"](x, router, experts)
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+    # the reference: the same routing, each expert's bf16 MLP on its dequantized weights, token by token
+    weights = {"w13": dequantized(experts, "w13"), "w2": dequantized(experts, "w2")}
+    weight, expert = torch.softmax(x.float() @ router.t(), dim=1).topk(2, dim=1)
+    weight = weight / weight.sum(1, keepdim=True)
+    want = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for choice in range(2):
+            g = int(expert[t, choice])
+            h = x[t].float() @ weights["w13"][g].t()
+            want[t] += weight[t, choice] * ((torch.nn.functional.silu(h[:inter]) * h[inter:]) @ weights["w2"][g].t())
+    error = float((out.float() - want).norm() / want.norm())
+    print(f"MoE layer, relative error against the bf16 reference layer: {error:.4f}")
+    assert error < 0.25
