@@ -161,7 +161,7 @@ def command_mlp(options) -> int:
                 moved = rows * hidden * 2 + rows * hidden // 2 + moe_scale_bytes(rows, e, hidden)
                 card = measure.card_of(name)
                 line += (f"\n    quantizer at T {rows}, K {hidden}: {moved / quantize / 1e3:.0f} GB/s"
-                         + (f" ({100 * moved / quantize / 1e6 / card.bytes_per_s * 1e12:.0f}% of the "
+                         + (f" ({100 * moved / quantize * 1e6 / card.bytes_per_s:.0f}% of the "
                             f"{card.name}'s HBM bandwidth)" if card else ""))
         print(line, flush=True)
     failed |= not replays_follow_new_routings(experts, e, hidden, device, gpu)
