@@ -509,35 +509,6 @@ def locate_tile(problem_sizes: cute.Tensor, tile_m: cutlass.Constexpr[int], tile
     return group, group_first_tile, index_in_group % tiles_m, index_in_group // tiles_m
 
 
-# The MoE form's sizes table (`build_from_offsets`): the (G, 4) Int32 rows, then a row whose first word is the
-# tile count (`tile_count_cell`), then each group's fp32 alpha (`group_alpha`).
-@cute.jit
-def tile_count_cell(problem_sizes: cute.Tensor):
-    """The MoE form's (1,) Int32 tile count, in the row after the (G, 4) sizes."""
-    return cute.make_tensor(problem_sizes.iterator + 4 * problem_sizes.shape[0], cute.make_layout(1))
-
-
-@cute.jit
-def group_alpha(problem_sizes: cute.Tensor, group):
-    """The MoE form's (1,) Float32 of `group`'s alpha (its global scales' product, 1 without them), which its
-    builder writes after the tile count's row and its epilogue multiplies the sums by."""
-    address = problem_sizes.iterator.toint() + (4 * (problem_sizes.shape[0] + 1) + group) * 4
-    return cute.make_tensor(cute.make_ptr(cutlass.Float32, address, cute.AddressSpace.gmem, assumed_align=4),
-                            cute.make_layout(1))
-
-
-@cute.jit
-def tiles_to_walk(problem_sizes: cute.Tensor, total_tiles, device_offsets: cutlass.Constexpr[bool]):
-    """The linear tile count the CTAs walk: the host's `total_tiles`, or (the MoE form, `device_offsets`) the
-    one `build_from_offsets` wrote (`tile_count_cell`), read after griddepcontrol.wait: a kernel wrote the
-    tables, so nothing of them may be read before that kernel's end."""
-    total = total_tiles
-    if cutlass.const_expr(device_offsets):
-        cute.arch.griddepcontrol_wait()
-        total = tile_count_cell(problem_sizes)[0]
-    return total
-
-
 class WorkTile(NamedTuple):
     """One tile of D': group, M'- and N'-tile, and whether it is the CTA's first (its descriptors not yet fetched)."""
     group: object
@@ -1019,7 +990,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         tmem_alloc_barrier = self.make_tmem_alloc_barrier()
 
         # every role walks the same tiles, each with its own copy of this state
-        total_tiles = tiles_to_walk(problem_sizes, total_tiles, self.config.device_offsets)
+        total_tiles = self.tiles_to_walk(problem_sizes, total_tiles)
         scheduler = TileScheduler.create(problem_sizes, total_tiles, self.tile_mnk,
                                          self.config.schedule.contiguous)
         if warp_idx == self.roles.tma_warp:
@@ -1098,6 +1069,15 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         k = cute.assume(problem_sizes[group, 2], K_MULTIPLE)  # checked on the host
         return self.operand_tensors(problem_sizes[group, 0], problem_sizes[group, 1], k, abc_ptrs[group, 0],
                                     abc_ptrs[group, 1], sf_ptrs[group, 0], sf_ptrs[group, 1])
+
+    def tiles_to_walk(self, problem_sizes, total_tiles):
+        """The linear tile count the CTAs walk: the host's (the MoE form's kernel reads its builder's)."""
+        return total_tiles
+
+    def group_alpha(self, problem_sizes, group):
+        """What a group's fp32 sums are multiplied by before the output's rounding: nothing (the MoE form's
+        kernel: its global scales' product)."""
+        return None
 
     # ---- Warp 5: TMA producer ---------------------------------------------------------------------------------------
     @cute.jit
@@ -1283,14 +1263,12 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, work.m_tile, work.n_tile, 0)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M x EPI_N)
             tTR_tAcc = cute.group_modes(tTR_tAcc_base[(None, None, None, None, None, acc_state.index)], 3, 5)
-            alpha = cutlass.Float32(1.0)
-            if cutlass.const_expr(self.config.device_offsets):  # its global scales' product (`group_alpha`)
-                alpha = group_alpha(scheduler.problem_sizes, work.group)[0]
+            alpha = self.group_alpha(scheduler.problem_sizes, work.group)  # None: the sums as they are
             acc_pipeline.consumer_wait(acc_state)
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             for subtile in cutlass.range(num_subtiles):
                 cute.copy(copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
-                if cutlass.const_expr(self.config.device_offsets):  # the MoE form: the group's alpha first
+                if cutlass.const_expr(alpha is not None):  # the MoE form: the group's alpha first
                     tRS_rC.store((copy_r2s.retile(tTR_rAcc).load() * alpha).to(self.c_dtype))
                 else:
                     tRS_rC.store(copy_r2s.retile(tTR_rAcc).load().to(self.c_dtype))

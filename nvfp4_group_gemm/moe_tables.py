@@ -101,6 +101,23 @@ def global_scales_product(global_scales, group):
     return alpha
 
 
+# The MoE form's sizes table (`build_from_offsets`): the (G, 4) Int32 rows, then a row whose first word is the
+# tile count (`tile_count_cell`), then each group's fp32 alpha (`group_alpha`).
+@cute.jit
+def tile_count_cell(problem_sizes: cute.Tensor):
+    """The MoE form's (1,) Int32 tile count, in the row after the (G, 4) sizes."""
+    return cute.make_tensor(problem_sizes.iterator + 4 * problem_sizes.shape[0], cute.make_layout(1))
+
+
+@cute.jit
+def group_alpha(problem_sizes: cute.Tensor, group):
+    """The MoE form's (1,) Float32 of `group`'s alpha (its global scales' product, 1 without them), which its
+    builder writes after the tile count's row and its epilogue multiplies the sums by."""
+    address = problem_sizes.iterator.toint() + (4 * (problem_sizes.shape[0] + 1) + group) * 4
+    return cute.make_tensor(cute.make_ptr(cutlass.Float32, address, cute.AddressSpace.gmem, assumed_align=4),
+                            cute.make_layout(1))
+
+
 # ==== The B200 MoE form: a builder kernel writes the tables and descriptors, then the GEMM reads them ================
 class OffsetsBuilder:
     """The B200 MoE form's builder (mixed into the kernel class before submission.DescriptorBuilder): a small
@@ -177,8 +194,8 @@ class OffsetsBuilder:
             for i in cutlass.range_constexpr(2):
                 sf_ptrs[group, i] = sf[0, i]
             if group == 0:
-                submission.tile_count_cell(problem_sizes)[0] = tiles
-            submission.group_alpha(problem_sizes, group)[0] = global_scales_product(
+                tile_count_cell(problem_sizes)[0] = tiles
+            group_alpha(problem_sizes, group)[0] = global_scales_product(
                 ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)), group)
         submission.write_group_tensormaps(atoms, self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups),
                                                                     cutlass.Int32(0)),
@@ -188,7 +205,20 @@ class OffsetsBuilder:
 
 
 class Sm100MoeKernel(OffsetsBuilder, submission.Sm100GroupedGemmKernel):
-    """The B200 kernel in its MoE form (`MOE_CONFIG`), with the builder from offs."""
+    """The B200 kernel in its MoE form (`MOE_CONFIG`), with the builder from offs: its GEMM walks the tile count
+    the builder wrote and multiplies each group's sums by the group's alpha."""
+
+    @cute.jit
+    def tiles_to_walk(self, problem_sizes, total_tiles):
+        """The tile count `build_from_offsets` wrote (`tile_count_cell`), read after griddepcontrol.wait: a
+        kernel wrote the tables, so nothing of them may be read before that kernel's end."""
+        cute.arch.griddepcontrol_wait()
+        return tile_count_cell(problem_sizes)[0]
+
+    @cute.jit
+    def group_alpha(self, problem_sizes, group):
+        """The group's global scales' product, which the builder wrote (`group_alpha`)."""
+        return group_alpha(problem_sizes, group)[0]
 
 
 OFFSETS_BUILDER_ARGUMENTS = submission.argument_spec(OffsetsBuilder.build_from_offsets)
