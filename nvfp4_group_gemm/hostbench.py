@@ -203,8 +203,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
 
     # The MoE op on the same data as stacked inputs (one N and K; its kernels where custom_kernel's run), warm
     sizes = inputs[0][3]
-    if kernel != "stand-in kernel (same parameters; this GPU has no tcgen05)" and len(
-            {(n, k) for _, n, k, _ in sizes}) == 1:
+    if compile_fn is not standin_compile and len({(n, k) for _, n, k, _ in sizes}) == 1:
         from nvfp4_group_gemm import moe, moe_report
         stacked = {id(d): moe_report.stacked_inputs(d) for d in inputs}
 

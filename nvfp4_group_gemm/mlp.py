@@ -80,9 +80,9 @@ def swiglu(h: torch.Tensor, layout: str = "halves", alpha: float = 1.0, beta: fl
     return (gate * torch.sigmoid(alpha * gate) * (up + beta)).to(h.dtype)
 
 
-def moe_mlp_reference_steps(x, offs, w13, w13_scale, w2, w2_scale, w13_global=None, w2_global=None, x_global=None,
+def mlp_steps(x, offs, w13, w13_scale, w2, w2_scale, w13_global=None, w2_global=None, x_global=None,
                             h_global=None, layout="halves", alpha=1.0, beta=0.0, limit=None):
-    """The MLP's steps, each a call of this package's public functions (the composition `moe_mlp_nvfp4` is)."""
+    """The MLP's steps, each a call of this package's public functions: what `moe_mlp_nvfp4` and its op run."""
     a, a_scale = quantize_tokens_device(x, offs, x_global)
     h = moe.grouped_mm_nvfp4(a, w13, a_scale, w13_scale, offs, a_global=x_global, b_global=w13_global)
     y = swiglu(h, layout, alpha, beta, limit)
@@ -90,7 +90,7 @@ def moe_mlp_reference_steps(x, offs, w13, w13_scale, w2, w2_scale, w13_global=No
     return moe.grouped_mm_nvfp4(a2, w2, a2_scale, w2_scale, offs, a_global=h_global, b_global=w2_global)
 
 
-def check_mlp(x, offs, w13, w13_scale, w2, w2_scale, layout):
+def check_mlp(x, offs, w13, w2, layout):
     """ValueError naming the argument where the two GEMMs' shapes do not chain (the GEMMs check the rest)."""
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"moe_mlp_nvfp4: x: {x.dtype} of shape {tuple(x.shape)}: expected (T, hidden) bf16 or fp16")
@@ -111,7 +111,7 @@ def _moe_mlp(x: torch.Tensor, offs: torch.Tensor, w13: torch.Tensor, w13_scale: 
              w2_scale: torch.Tensor, w13_global: Optional[torch.Tensor], w2_global: Optional[torch.Tensor],
              x_global: Optional[torch.Tensor], h_global: Optional[torch.Tensor], layout: str, alpha: float,
              beta: float, limit: Optional[float]) -> torch.Tensor:
-    return moe_mlp_reference_steps(x, offs, w13, w13_scale, w2, w2_scale, w13_global, w2_global, x_global,
+    return mlp_steps(x, offs, w13, w13_scale, w2, w2_scale, w13_global, w2_global, x_global,
                                    h_global, layout, alpha, beta, limit)
 
 
@@ -128,9 +128,9 @@ def moe_mlp_nvfp4(x: torch.Tensor, offs: torch.Tensor, w13: torch.Tensor, w13_sc
                   beta: float = 0.0, limit: Optional[float] = None) -> torch.Tensor:
     """The experts' MLP of sorted tokens (module docstring): (T, hidden) bf16 out; rows from offs[-1] on are
     not written (garbage). ValueError naming the argument for shapes that do not chain, before anything runs."""
-    check_mlp(x, offs, w13, w13_scale, w2, w2_scale, layout)
+    check_mlp(x, offs, w13, w2, layout)
     args = (x, offs, w13, w13_scale, w2, w2_scale, w13_global, w2_global, x_global, h_global, layout, float(alpha),
             float(beta), None if limit is None else float(limit))
     if moe.plain_eager(x, offs, w13, w13_scale, w2, w2_scale, w13_global, w2_global, x_global, h_global):
-        return moe_mlp_reference_steps(*args)
+        return mlp_steps(*args)
     return torch.ops.nvfp4_group_gemm.moe_mlp_nvfp4(*args)

@@ -37,10 +37,7 @@ def make_experts(e: int, hidden: int, inter: int, device, seed: int = 0) -> Expe
         w = torch.randn(e, n, k, generator=gen, device=device) / k ** 0.5
         global_ = w.abs().amax(dim=(1, 2)) / (moe.E2M1_MAX * moe.E4M3_MAX)  # each expert's decode scale
         packed, scale = moe.quantize_experts(w, global_)
-        rows = moe.scale_offsets(torch.arange(n, device=device), k // moe.SF_VEC_SIZE, moe.scale_width(k))
-        flat = scale.reshape(e, -1).view(torch.uint8)
-        values = torch.stack([(moe.decode(packed[x], flat[x][rows]) * global_[x]).to(torch.bfloat16)
-                              for x in range(e)])
+        values = (moe.decode_experts(packed, scale) * global_.view(-1, 1, 1)).to(torch.bfloat16)
         arrays.append((packed, scale, global_, values))
     (w13, s13, g13, v13), (w2, s2, g2, v2) = arrays
     return Experts(w13, s13, w2, s2, g13, g2, v13, v2)
@@ -59,17 +56,30 @@ def top2_routing(rows: int, e: int, hidden: int, device, seed: int):
     return tokens.repeat_interleave(2, dim=0)[order].to(torch.bfloat16), offs
 
 
+def per_group(x, w, offs):
+    """Each group's rows of x by its w[g] (N, K)^T in fp32, one group at a time (the CPU has no
+    torch._grouped_mm)."""
+    import torch
+    ends = offs.tolist()
+    return torch.cat([x[start:end].float() @ w[g].float().t() for g, (start, end) in enumerate(zip([0] + ends[:-1],
+                                                                                                    ends))])
+
+
+def gate_up(x, offs, experts: Experts):
+    """The first GEMM on the dequantized weights: torch._grouped_mm on a GPU (bf16), `per_group` on the CPU."""
+    import torch
+    if x.is_cuda:
+        return torch._grouped_mm(x, experts.w13_bf16.transpose(1, 2), offs=offs)
+    return per_group(x, experts.w13_bf16, offs)
+
+
 def activation_scales(x, offs, experts: Experts):
     """The two activations' decode scales, as a calibration pass sets them: amax / (6 x 448) of x and of the
     SwiGLU output of the same rows through the dequantized weights."""
     import torch
     from nvfp4_group_gemm import moe
     largest = moe.E2M1_MAX * moe.E4M3_MAX
-    if x.is_cuda:
-        h = torch._grouped_mm(x, experts.w13_bf16.transpose(1, 2), offs=offs).float()
-    else:
-        h = torch.cat([x[start:end].float() @ experts.w13_bf16[g].float().t() for g, (start, end) in
-                       enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
+    h = gate_up(x, offs, experts).float()
     inter = h.shape[1] // 2
     y = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
     return (x.float().abs().amax() / largest).reshape(()), (y.abs().amax() / largest).reshape(())
@@ -77,22 +87,18 @@ def activation_scales(x, offs, experts: Experts):
 
 def bf16_mlp(x, offs, experts: Experts):
     import torch
-    h = torch._grouped_mm(x, experts.w13_bf16.transpose(1, 2), offs=offs)
+    h = gate_up(x, offs, experts)
     inter = h.shape[1] // 2
     y = (torch.nn.functional.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)
     return torch._grouped_mm(y, experts.w2_bf16.transpose(1, 2), offs=offs)
 
 
 def reference_mlp(x, offs, experts: Experts):
-    """The bf16 MLP in fp32 per group on the CPU (no torch._grouped_mm there)."""
+    """The bf16 MLP in fp32 per group on the CPU."""
     import torch
-    rows, start = [], 0
-    inter = experts.w13_bf16.shape[1] // 2
-    for g, end in enumerate(offs.tolist()):
-        h = x[start:end].float() @ experts.w13_bf16[g].float().t()
-        rows.append((torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ experts.w2_bf16[g].float().t())
-        start = end
-    return torch.cat(rows)
+    h = gate_up(x, offs, experts)
+    inter = h.shape[1] // 2
+    return per_group(torch.nn.functional.silu(h[:, :inter]) * h[:, inter:], experts.w2_bf16, offs)
 
 
 def event_us(fn, calls: int = CALLS) -> float:

@@ -202,6 +202,16 @@ def decode(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return values * block.repeat_interleave(SF_VEC_SIZE, dim=1)
 
 
+def decode_experts(b: torch.Tensor, b_scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """(E, N, K/2) E2M1 experts and their blocked scales (one block of round_up(N, 128) rows each) -> (E, N, K)
+    values in `dtype`, decoded one expert at a time (`decode`: each product exact)."""
+    e, n, half = b.shape
+    k = 2 * half
+    rows = scale_offsets(torch.arange(n, device=b.device), k // SF_VEC_SIZE, scale_width(k))
+    flat = b_scale.reshape(e, -1).view(torch.uint8)
+    return torch.stack([decode(b[x], flat[x][rows]).to(dtype) for x in range(e)])
+
+
 def group_starts(offs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Each group's first row in a and its first row P_g in the scale buffer, from offs on its device (int64)."""
     ends = offs.long()
@@ -238,9 +248,7 @@ def compute(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out
     dtype = torch.bfloat16 if grouped_mm else torch.float32
     a_bytes = a_scale.reshape(-1).view(torch.uint8)
     a_values = decode(a, a_bytes[scale_offsets(scale_row, k // SF_VEC_SIZE, width)]).to(dtype)
-    b_rows = scale_offsets(torch.arange(n, device=a.device), k // SF_VEC_SIZE, width)
-    b_bytes = b_scale.reshape(e, -1).view(torch.uint8)
-    b_values = torch.stack([decode(problem.b[x], b_bytes[x][b_rows]).to(dtype) for x in range(e)])  # (E, N, K)
+    b_values = decode_experts(problem.b, b_scale, dtype)  # (E, N, K)
     alpha = torch.ones(e, dtype=torch.float32, device=a.device)
     for scale in (a_global, b_global):
         if scale is not None:

@@ -185,7 +185,8 @@ class OffsetsBuilder:
         abc[0, 1] = b_address + cutlass.Int64(group) * cutlass.Int64(n) * cutlass.Int64(k // 2)
         abc[0, 2] = c_address + cutlass.Int64(start) * cutlass.Int64(n) * 2
         sf[0, 0] = sfa_address + cutlass.Int64(scale_row) * cutlass.Int64(width)
-        sf[0, 1] = sfb_address + cutlass.Int64(group) * cutlass.Int64(ceil_div(n, 128) * 128) * cutlass.Int64(width)
+        sf[0, 1] = (sfb_address
+                    + cutlass.Int64(group) * cutlass.Int64(ceil_div(n, 128) * 128) * cutlass.Int64(width))
         if cute.arch.lane_idx() == 0:
             for i in cutlass.range_constexpr(4):
                 problem_sizes[group, i] = sizes[0, i]
@@ -197,9 +198,8 @@ class OffsetsBuilder:
                 tile_count_cell(problem_sizes)[0] = tiles
             group_alpha(problem_sizes, group)[0] = global_scales_product(
                 ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)), group)
-        submission.write_group_tensormaps(atoms, self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups),
-                                                                    cutlass.Int32(0)),
-                               tensormaps, group, staging)
+        descriptors = self.group_descriptor_tensors((sizes, abc, sf, tensormaps, num_groups), cutlass.Int32(0))
+        submission.write_group_tensormaps(atoms, descriptors, tensormaps, group, staging)
         tables = (problem_sizes, abc_ptrs, sf_ptrs, tensormaps, num_groups)
         self.after_descriptors(tables, group)
 

@@ -107,15 +107,14 @@ def read_reports(text: str):
     return reports, summary
 
 
-def explained(report: Report, allowed: Allowed) -> bool:
+def explained(report: Report, allowed: Allowed, write_lines: range, read_lines: range) -> bool:
     """The report is the proven pattern: write-after-read where the form says, its one write at the allowed
-    write statement, every read (at least one) at the allowed read statement, all in the allowed kernel."""
+    write statement (`write_lines`), every read (at least one) at the allowed read statement (`read_lines`),
+    all in the allowed kernel."""
     if report.direction not in (None, "WAR"):
         return False
     writes = [where for access, where, _ in report.accesses if access == "Write"]
     reads = [where for access, where, _ in report.accesses if access == "Read"]
-    write_lines, read_lines = (statement_lines(allowed.source, allowed.write),
-                               statement_lines(allowed.source, allowed.read))
     return (len(writes) == 1 and bool(reads) and placed(writes[0], allowed, write_lines)
             and all(placed(where, allowed, read_lines) for where in reads))
 
@@ -132,8 +131,9 @@ def verdict(text: str, pattern: bool = False):
         return False, [f"racecheck_verdict: the summary counts {summary[0]} reports, {len(reports)} were read: "
                        "reports in a form this verdict does not read"]
     allowed = PATTERN if pattern else PRODUCTION
+    lines = statement_lines(allowed.source, allowed.write), statement_lines(allowed.source, allowed.read)
     unexplained = [f"  {r.first.split(': ', 1)[-1]} ({r.direction or 'direction not given'}: "
-                   f"{[(a, w) for a, w, _ in r.accesses]})" for r in reports if not explained(r, allowed)]
+                   f"{[(a, w) for a, w, _ in r.accesses]})" for r in reports if not explained(r, allowed, *lines)]
     if unexplained:
         return False, ["racecheck_verdict: races outside the proven pattern (or without line information: "
                        "CUTE_DSL_LINEINFO=1):"] + unexplained

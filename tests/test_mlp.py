@@ -115,12 +115,7 @@ def experts(e=4, hidden=256, inter=256, seed=0):
 
 def dequantized(weights, which):
     """(E, N, K) fp32 values of quantized experts (the reference MLP's weights)."""
-    packed, scale, global_ = weights[which], weights[f"{which}_scale"], weights[f"{which}_global"]
-    e, n, half = packed.shape
-    k = 2 * half
-    rows = moe.scale_offsets(torch.arange(n), k // moe.SF_VEC_SIZE, moe.scale_width(k))
-    flat = scale.reshape(e, -1).view(torch.uint8)
-    return torch.stack([moe.decode(packed[x], flat[x][rows]) * global_[x] for x in range(e)])
+    return moe.decode_experts(weights[which], weights[f"{which}_scale"]) * weights[f"{which}_global"].view(-1, 1, 1)
 
 
 def test_the_mlp_is_its_steps_and_near_a_bf16_reference_mlp():
