@@ -82,7 +82,7 @@ def test_calls_do_not_block_the_host(case):
     the GPU would put its host time into the score. With ~1 s of GPU work queued, 15 cold calls (inputs never
     seen) and then 15 warm calls (the same again) all return while the stream is still busy."""
     from nvfp4_group_gemm.harness import benchmark_inputs
-    kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper").PATH_HOPPER)
+    kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper_policy").PATH_HOPPER)
     if submission.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("only the kernel paths are non-blocking (the portable path copies a table to the GPU)")
     submission.custom_kernel(benchmark_inputs(case.args)[0])  # compiles outside the timed part, as a warm-up does
@@ -245,7 +245,7 @@ def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
 
 # ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
 def kernel_path_or_skip():
-    kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper").PATH_HOPPER)
+    kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper_policy").PATH_HOPPER)
     if submission.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("the portable path is not launched with programmatic dependent launch")
 

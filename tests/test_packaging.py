@@ -129,3 +129,45 @@ def test_the_artifact_imports_task_as_the_leaderboard_has_it(tmp_path):
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", "import submission; print(submission.input_t)"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "input_t" in done.stdout, done.stderr[-3000:]
+
+
+def package_names_in(path) -> set:
+    """(module, attribute) for every `m.attr` in a test file where m is a package module it imports (`from
+    nvfp4_group_gemm import m`, `m = importlib.import_module("nvfp4_group_gemm.m")`, or that call itself)."""
+    tree, bound = ast.parse(path.read_text()), {}
+
+    def imported(node):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith(PACKAGE + ".")):
+            return node.args[0].value.split(".", 1)[1]
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+            bound.update((alias.asname or alias.name, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Assign) and imported(node.value) and isinstance(node.targets[0], ast.Name):
+            bound[node.targets[0].id] = imported(node.value)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            module = bound.get(node.value.id) if isinstance(node.value, ast.Name) else imported(node.value)
+            if module is not None:
+                names.add((module, node.attr))
+    return names
+
+
+def test_every_package_name_the_gpu_tests_use_exists():
+    """The GPU tests run only where a GPU is; a name they read that a refactoring moved fails them there and
+    nowhere else. Every package attribute they name must exist (imported here, on the CPU)."""
+    import importlib
+    names = package_names_in(ROOT / "tests" / "test_gpu.py")
+    assert ("submission", "custom_kernel") in names and ("hopper_policy", "PATH_HOPPER") in names
+    modules = {}
+    for module in {m for m, _ in names}:
+        try:
+            modules[module] = importlib.import_module(f"{PACKAGE}.{module}")
+        except ImportError as error:  # a module that needs the DSL, where it is not installed
+            pytest.importorskip("cutlass", reason=str(error))
+            raise
+    missing = sorted(f"{m}.{a}" for m, a in names if not hasattr(modules[m], a))
+    assert not missing, f"tests/test_gpu.py names what the package lacks: {missing}"
