@@ -192,14 +192,19 @@ class Sm90TileConfig(TileConfig):
         return sum(m * k * 2 for m, _, k, _ in problem_sizes)
 
 
-# Each form is the fastest on some benchmark in a same-run H200 measurement: the default on benchmarks 2 and 3,
-# the pair with narrow last token tiles on benchmark 0, the 192-token pair on benchmark 1 (docs/hopper.md); the
-# first two with token widths 16 and 64, equal on the benchmarks and faster at 16 tokens a group (H100).
+# Each form is the fastest somewhere in a same-run measurement: the default on benchmarks 2 and 3, the pair with
+# narrow last token tiles on benchmark 0, the 192-token pair on benchmark 1 (H200); the first two with token
+# widths 16 and 64, equal on the benchmarks and faster at 16 tokens a group; the 32- and 64-token forms at 16
+# and 64 tokens a group (H100; docs/hopper.md).
 SM90_CONFIGS = {c.tile_name: c for c in (
     Sm90TileConfig(128, WEIGHT_ROWS, tile_k=128, widths=(16, 64)),
     # (2,1,1) clusters: each CTA reads half of each token stage from the L2 and multicasts it to both
     Sm90TileConfig(128, 2 * WEIGHT_ROWS, tile_k=128, cta_group=2, narrow_tokens=64, widths=(16, 64)),
     Sm90TileConfig(192, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2),
+    # decode (few tokens a group): narrow token stages leave room for deep weight pipelines (12 and 8 stages
+    # against the default's 5), so more of the weights' bytes are in flight per SM
+    Sm90TileConfig(32, WEIGHT_ROWS, tile_k=128, widths=(16,)),
+    Sm90TileConfig(64, WEIGHT_ROWS, tile_k=128, widths=(16,)),
 )}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr-n16-64"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
@@ -235,7 +240,7 @@ CLAIMED, CONVERTED, PASSED = 0, 128, 256  # byte offsets: units claimed, units c
 SM90_PLAN_LAYOUT = submission.PlanLayout(fixed_bytes=COUNTER_BYTES)
 Sm90TileConfig.plan_layout = SM90_PLAN_LAYOUT
 NUM_REGISTER_BUFFERS = 2  # weights' fragments: one converted while the other's wgmma runs
-MAX_AB_STAGES = 8
+MAX_AB_STAGES = 16  # the 32-token form's 12 stages fit
 SMEM_CAPACITY = 232448  # sm_90: 227 KiB per block
 SMEM_RESERVED = 1024  # per CTA
 REGISTERS_PER_SM = 65536
@@ -1466,7 +1471,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         columns 64 wg .. 64 wg + 63 of C: EPILOGUE_TOKENS tokens at a time its
         threads put their values in `staging` (rows of C), then each thread
         stores 16-byte pieces of them, 8 threads per row of C (128 contiguous
-        bytes), rows past M (and a pair's columns past N) left out."""
+        bytes), rows past M or past the tile (and a pair's columns past N) left out."""
         m, n, address, scale = output
         first_row = m_tile * self.tile_m
         first_col = weight_tile * WEIGHT_ROWS + 64 * wg
@@ -1475,7 +1480,9 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             if first_col >= n:  # a pair's half past the group's N
                 rows_stored = cutlass.Int32(0)
         values = EPILOGUE_TOKENS // 2  # per pass and thread: 4 of each 8 tokens' block (the last pass: what is left)
-        pieces = EPILOGUE_TOKENS * 64 // 8 // 128  # 16-byte pieces per thread and pass
+        # 16-byte pieces per thread and pass: of the pass's tokens, at most the tile's (a tile of fewer than
+        # EPILOGUE_TOKENS stores only its own rows: the rows after it are the next tile's)
+        pieces = min(EPILOGUE_TOKENS, self.tile_m) * 64 // 8 // 128
         for rows in cutlass.range_constexpr(ceil_div(cute.size(acc), values)):
             if EPILOGUE_TOKENS * rows < rows_in_tile:  # a pass with a token of the tile (a narrower tile: the first)
                 # acc's value i: token (m) + i % 2 + 8 (i // 4), weight (n) + 8 (i // 2 % 2) (make_tiled_mma's C)

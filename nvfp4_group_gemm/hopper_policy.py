@@ -42,8 +42,13 @@ def scheduled_by_shape(config: Sm90TileConfig):
 # one wide tile per CTA either way) and its narrow tile's share from benchmark 0 (2 wide + 1 narrow per pair
 # against 3: 128.7 against 131.1 us); the 192-token pair x 72.5 / 78.5 of 192 x 128 on one CTA (benchmark 1,
 # 4 tiles per pair or CTA either way; that form's cost was 8.30). One wave (benchmarks 2, 3): the default.
+# The decode forms (32 and 64 tokens a tile), from same-run H100 means against the form chosen before them, at
+# 16 and 64 tokens a group (scripts/m_sweep.py, CONFIG_ENV naming each; docs/hopper.md, "Decode"): the chosen
+# form's modeled busiest CTA times the measured ratio, over that CTA's tiles x K, averaged over the points
+# (32: 60.3 / 84.3 and 36.9 / 66.7 us at 16; 64: 65.4 / 84.3, 42.3 / 66.7 at 16, 70.0 / 85.0, 45.2 / 54.0 at 64).
 SM90_TILE_COST_NS = {"sm90-128x128-k128-wr-n16-64": 6.64, "sm90-128x256-k128-wr-pair-narrow-n16-64": 6.73,
-                     "sm90-192x256-k64-wr-pair": 7.66}
+                     "sm90-192x256-k64-wr-pair": 7.66, "sm90-32x128-k128-wr-n16": 3.88,
+                     "sm90-64x128-k128-wr-n16": 4.70}
 # A narrow form's narrow tile, as a share of its wide tile's cost (fitted on benchmark 0, where it also absorbs
 # round-robin's cost against contiguous ranges: the model has no schedule term; docs/hopper.md says where
 # that makes it weak). Likely near 1 because a narrow tile halves wgmma's work but converts all its weights.

@@ -402,7 +402,7 @@ def test_the_epilogue_staging_is_conflict_free_and_its_pieces_cover_it_once():
     """Epilogue: a warp's 2-byte staging stores (thread quad lane q, row r of 8:
     token 2 q + p + 8 j, weight column r + 8 i of its warp's 16) fall in
     different banks for different words; the 16-byte pieces the warpgroup's
-    128 threads store cover each staged row's 64 columns once, aligned."""
+    128 threads store cover each staged row's 64 columns once, aligned, and no row past the tile."""
     halves = hopper.EPILOGUE_ROW_HALVES
     for warp in range(4):
         for i in range(2):
@@ -411,13 +411,15 @@ def test_the_epilogue_staging_is_conflict_free_and_its_pieces_cover_it_once():
                     words = {((2 * (lane % 4) + p + 8 * j) * halves + 16 * warp + lane // 4 + 8 * i) * 2 // 4
                              for lane in range(32)}
                     assert len({w % 32 for w in words}) == len(words)  # one word per bank
-    pieces_per_thread = hopper.EPILOGUE_TOKENS * 64 // 8 // 128
-    pieces = sorted(t + 128 * r for t in range(128) for r in range(pieces_per_thread))
-    assert pieces == list(range(hopper.EPILOGUE_TOKENS * 8))
-    assert all((piece // 8 * halves + 8 * (piece % 8)) * 2 % 16 == 0 for piece in pieces)
     assert halves >= 64
+    # a pass stores EPILOGUE_TOKENS rows, or a tile's, where the tile is narrower (`epilogue`'s pieces): the
+    # pieces cover exactly those rows, so a tile never stores the rows of the tile after it
     for config in hopper.SM90_CONFIGS.values():
-        assert config.tile_m % hopper.EPILOGUE_TOKENS == 0
+        assert config.tile_m % hopper.EPILOGUE_TOKENS == 0 or hopper.EPILOGUE_TOKENS % config.tile_m == 0
+        rows = min(hopper.EPILOGUE_TOKENS, config.tile_m)
+        pieces = sorted(t + 128 * r for t in range(128) for r in range(rows * 64 // 8 // 128))
+        assert pieces == list(range(rows * 8))
+        assert all((piece // 8 * halves + 8 * (piece % 8)) * 2 % 16 == 0 for piece in pieces)
 
 
 def test_the_moe_forms_choice_needs_only_the_hosts_sizes():

@@ -131,6 +131,11 @@ def test_ptx_has_the_designed_instructions(report, name):
     assert len(re.findall(r"ld\.shared\.v4", conversion)) == per_lane
     assert len(re.findall(r"st\.global\.v4", conversion)) == per_lane
     assert conversion.rindex("st.shared.v4") < conversion.index("bar.warp.sync") < conversion.index("ld.shared.v4")
+    # the epilogue: per token width w, ceil(w / EPILOGUE_TOKENS) passes, each thread storing 16-byte pieces of the
+    # pass's rows, at most the tile's (a tile narrower than a pass stores its own rows, not the next tile's)
+    passes = sum(-(-width // hopper.EPILOGUE_TOKENS) for width in config.token_widths)
+    per_pass = min(hopper.EPILOGUE_TOKENS, config.tile_m) * 64 // 8 // 128
+    assert len(re.findall(r"st\.global\.v4", mma[mma.index("bar.arrive"):])) == passes * per_pass
     # the MMA warps' staging fits the token stages (the compile checks it too)
     staging = hopper.WARP_ROLES.consumer_warps * config.make_kernel().token_staging_bytes()
     assert staging <= kernel["stages_ab"] * config.tile_m * config.tile_k * 2
@@ -238,7 +243,7 @@ def test_each_moe_form_is_its_leaderboard_form_reading_its_groups_from_offs(repo
     kernels = {k["config"]: k for k in report["kernels"]}
     wgmma = re.compile(r"wgmma\.mma_async\S*")
     moe_forms = [name for name in kernels if "-offs" in name]
-    assert len(moe_forms) == 3 * 3  # three forms, two schedules, and bf16 output
+    assert len(moe_forms) == 3 * len(hopper.SM90_CONFIGS)  # each form under two schedules, and with bf16 output
     for name in moe_forms:
         leaderboard = open(kernels[name.replace("-offs", "").replace("-bf16", "")]["ptx_file"]).read()
         moe = open(kernels[name]["ptx_file"]).read()

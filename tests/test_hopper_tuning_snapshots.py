@@ -65,9 +65,23 @@ def test_snapshot_a_pair_form_where_the_cost_model_says_it_cuts_the_busiest_pair
     assert hopper_policy.busiest_cta_cost(sizes, sms, wide) == 4 * 2048 * cost[wide.tile_name]
     # one tile per CTA or pair: a pair's tile costs more than the default's
     assert all(hopper_policy.SM90_TILE_COST_NS[name] > hopper_policy.SM90_TILE_COST_NS[default.tile_name]
-               for name in hopper_policy.SM90_TILE_COST_NS if name != default.tile_name)
+               for name in hopper_policy.SM90_TILE_COST_NS if hopper.SM90_CONFIGS[name].cta_group == 2)
     # groups of different K: the CTA holding the long group's tiles is the busiest
     mixed = ((128, 128, 8192, 1), (128, 128, 256, 1))
     assert hopper_policy.busiest_cta_cost(mixed, 1, default) == (8192 + 256) * cost[default.tile_name]
     assert hopper_policy.busiest_cta_cost(mixed, 2, default) == 8192 * cost[default.tile_name]
     assert hopper_policy.launcher_for_setting(None).choose is hopper_policy.sm90_choice
+
+
+def test_snapshot_decode_takes_the_narrow_token_forms_and_prefill_does_not():
+    """At 16 and 32 tokens a group the 32-token form, at 48 and 64 the 64-token form (measured fastest at 16 and
+    64 on an H100, docs/hopper.md "Decode"); from 96 on the forms chosen before them (a decode form's tile costs
+    less but there are twice as many or more)."""
+    picks = {(n, m): hopper_policy.sm90_choice(((m, n, k, 1),) * 8, 132).tile_name
+             for n, k in ((4096, 7168), (7168, 2048)) for m in (1, 16, 32, 48, 64, 96, 128)}
+    for (n, m), name in picks.items():
+        expected = ("sm90-32x128-k128-wr-n16" if m <= 32 else "sm90-64x128-k128-wr-n16" if m <= 64 else None)
+        if expected:
+            assert name == expected, (n, m, SNAPSHOT)
+        else:
+            assert hopper.SM90_CONFIGS[name].tile_m >= 128, (n, m, SNAPSHOT)
