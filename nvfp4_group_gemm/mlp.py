@@ -11,11 +11,12 @@ or one per expert) are the decode scales their quantization divides by (None: 1)
 serving frameworks pass: gate and up in halves or interleaved, `alpha` in the sigmoid, `limit` clamping gate
 (above) and up (both sides), `beta` added to up (gpt-oss: alpha 1.702, beta 1, limit 7).
 
-Every step is torch ops or the grouped GEMM on the device: a CUDA graph replays it under new routings, and
+Every step runs on the device (torch ops, the quantizer, the grouped GEMM): a CUDA graph replays it under new
+routings, and
 `torch.ops.nvfp4_group_gemm.moe_mlp_nvfp4` (registered here, with a fake) lets torch.compile trace it. The
 quantizer is torch's element-wise ops and one scatter, bit-equal to `moe.quantize_tokens` (which reads offs
-on the host); fusing it, and the activation with its requantization, into kernels of their own is the next
-step (docs/moe.md says what is measured)."""
+on the host); on a Hopper or B200 GPU it is one kernel (token_quantizer.py). Fusing the activation with its
+requantization is the next step (docs/moe.md says what is measured)."""
 from typing import Optional
 
 import torch
@@ -26,15 +27,20 @@ from .moe import SF_VEC_SIZE, group_rows, quantize_nvfp4, scale_offsets, scale_w
 GATE_UP_LAYOUTS = ("halves", "interleaved")  # gate then up in each row's halves, or alternating columns
 
 
+def check_decode_scale(scale: Optional[torch.Tensor], experts: int, name: str) -> None:
+    """ValueError naming `name` unless `scale` is None, one value or one per expert."""
+    if scale is not None and scale.numel() != 1 and tuple(scale.shape) != (experts,):
+        raise ValueError(f"{name}: shape {tuple(scale.shape)}: expected one value or one per expert ({experts},)")
+
+
 def expert_scale(scale: Optional[torch.Tensor], group: torch.Tensor, experts: int, name: str):
     """A decode scale per row from one value or one per expert (rows past offs[-1]: the last expert's), as
     quantize_nvfp4 takes it; None for None."""
+    check_decode_scale(scale, experts, name)
     if scale is None:
         return None
     if scale.numel() == 1:
         return scale.float().reshape(())
-    if scale.shape != (experts,):
-        raise ValueError(f"{name}: shape {tuple(scale.shape)}: expected one value or one per expert ({experts},)")
     return scale.float()[group.clamp(max=experts - 1)].unsqueeze(1)
 
 
@@ -43,16 +49,31 @@ def quantize_tokens_device(x: torch.Tensor, offs: torch.Tensor, global_scale: Op
     """`moe.quantize_tokens` without reading offs on the host: (T, K) tokens sorted by expert -> a (T, K/2)
     packed E2M1 (uint8) and a_scale (`rows` x round_up(K/16, 4) E4M3, default and at least the worst case for
     T and E: `moe.worst_case_scale_rows`), group g's scale block from row P_g, every other byte zero.
-    `global_scale`: one decode scale, or one per expert."""
+    `global_scale`: one decode scale, or one per expert. On a Hopper or B200 GPU one kernel
+    (token_quantizer.py), elsewhere torch's ops (`quantize_tokens_torch`); the same bytes either way."""
     tokens, k = x.shape
     experts = offs.numel()
     if k % SF_VEC_SIZE:
         raise ValueError(f"quantize_tokens_device: x: K={k} is not a multiple of {SF_VEC_SIZE}")
+    if offs.device != x.device:
+        raise ValueError(f"quantize_tokens_device: offs: on {offs.device}, x is on {x.device}")
     least = worst_case_scale_rows(tokens, experts)
     rows = least if rows is None else rows
     if rows < least:
         raise ValueError(f"quantize_tokens_device: rows={rows}: the scale buffer needs {least} rows for T={tokens} "
                          f"over E={experts} whatever the routing")
+    check_decode_scale(global_scale, experts, "global_scale")
+    if x.is_cuda:
+        from . import token_quantizer
+        if token_quantizer.runs_on(x, offs, global_scale):
+            return token_quantizer.quantize_tokens(x, offs, global_scale, rows)
+    return quantize_tokens_torch(x, offs, global_scale, rows)
+
+
+def quantize_tokens_torch(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int):
+    """`quantize_tokens_device` as torch's element-wise ops and one scatter (checked arguments)."""
+    tokens, k = x.shape
+    experts = offs.numel()
     group, scale_row, _ = group_rows(offs, tokens)
     packed, scales = quantize_nvfp4(x, expert_scale(global_scale, group, experts, "global_scale"))
     width, columns = scale_width(k), k // SF_VEC_SIZE

@@ -619,16 +619,25 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: Optional[torch.Tensor] = None)
     scales = scales.to(torch.float8_e4m3fn)
     block_scale = scales.float() * decode_scale
     scaled = blocks / block_scale.unsqueeze(-1)
-    table = decoding_tables(x.device)[0][:8]  # the non-negative codes 0..7
-    magnitude = scaled.abs().clamp(max=E2M1_MAX).unsqueeze(-1)
-    distance = (magnitude - table).abs()
-    # the nearest value; on an exact tie the even code (round half to even)
-    nearest = distance == distance.amin(-1, keepdim=True)
-    code = torch.where(nearest, torch.arange(8, device=x.device) % 2, 2).argmin(-1)
-    code = code | torch.signbit(scaled).long() << 3  # the sign of -0 and of values rounded to 0 too, as torchao
-    code = code.reshape(rows, k).to(torch.uint8)
+    code = e2m1_codes(scaled).reshape(rows, k)
     packed = code[:, 0::2] | (code[:, 1::2] << 4)
     return packed, scales
+
+
+# The magnitudes where E2M1's code steps up (0, 0.5, 1, 1.5, 2, 3, 4, 6: the midpoints), each with whether a
+# value exactly on it rounds up: ties go to the even code
+E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def e2m1_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """Each value's E2M1 code (uint8): the nearest of the eight magnitudes (saturating at 6; NaN to 0), ties to
+    the even code, and the sign bit of -0 and of values rounded to 0 too, as torchao. The kernels
+    (token_quantizer.py) count the same steps."""
+    magnitude = scaled.abs()
+    code = torch.zeros(scaled.shape, dtype=torch.uint8, device=scaled.device)
+    for step, up_on_tie in E2M1_STEPS:
+        code += (magnitude >= step) if up_on_tie else (magnitude > step)
+    return code | (torch.signbit(scaled).to(torch.uint8) << 3)
 
 
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:

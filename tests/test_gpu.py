@@ -731,3 +731,32 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
     assert moe.kernel_forms(problem, a, experts.w13_scale, a_scale, x_global, experts.w13_global,
                             problem.new_output()) is not None
     assert mlp_report.replays_follow_new_routings(experts, 4, 512, device, gpu=True)
+
+
+@needs_hopper_or_b200
+@pytest.mark.parametrize("scale", [None, "one", "per expert"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sizes", [(300,), (0, 129, 0, 7, 260, 1), (0, 0, 0), (5, 0, 64), (1,) * 40],
+                         ids=["one expert", "empty experts", "no token", "rows past offs[-1]", "40 experts"])
+def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale):
+    """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel: the same packed codes and the same
+    blocked scale bytes (padding zero) as the torch composition on the CPU, for blocks of zeros, of -0, of values
+    past 448 x 6, of tiny values and on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
+    from nvfp4_group_gemm import mlp, token_quantizer
+    gen = torch.Generator().manual_seed(len(sizes))
+    tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
+    x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
+    if tokens > 4:
+        x[0, :16], x[1, 16:32], x[2, :16], x[3, 32:48] = 0.0, -0.0, 5000.0, 1e-30
+        x[4, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) * torch.tensor([1.0, -1.0]).repeat(8)
+    x = x.to(dtype)
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    global_scale = {None: None, "one": torch.tensor(0.37), "per expert": torch.rand(experts, generator=gen) + 0.1}[
+        scale]
+    cuda = lambda t: None if t is None else t.cuda()
+    assert token_quantizer.runs_on(x.cuda(), offs.cuda(), cuda(global_scale))
+    packed, blocked = mlp.quantize_tokens_device(x.cuda(), offs.cuda(), cuda(global_scale))
+    rows = mlp.worst_case_scale_rows(tokens, experts)
+    want_packed, want_blocked = mlp.quantize_tokens_torch(x, offs, global_scale, rows)
+    assert torch.equal(packed.cpu(), want_packed)
+    assert torch.equal(blocked.cpu().view(torch.uint8), want_blocked.view(torch.uint8))

@@ -1,0 +1,334 @@
+"""The tokens' NVFP4 quantizer on the GPU: one kernel, nothing read on the host (`quantize_tokens`).
+
+    x (T, K) bf16 or fp16, sorted by expert; offs (E,) int32, each expert's end row; a decode scale (none, one,
+    or one per expert) -> packed (T, K/2) E2M1 and the blocked scale buffer (rows x K/16 E4M3): group g's
+    scale rows from row P_g (the groups before it, each rounded up to 128 rows), every other byte zero.
+
+`moe.quantize_nvfp4`'s recipe, bit for bit: a 16-value block's scale is amax / 6 / decode scale (IEEE
+divisions), clamped to [2^-6, 448], rounded to E4M3; each value divided by that scale times the decode scale,
+then E2M1's code by the steps of `moe.E2M1_STEPS` (nearest, ties to the even code). Rows past offs[-1] are
+quantized with the last expert's scale and their scale bytes are not stored, as `mlp.quantize_tokens_device`'s
+torch composition does.
+
+Work: each thread takes 16-value blocks of x (two 16-byte loads, one 8-byte store of codes, one scale byte at
+its blocked place), then 4-byte words of the scale buffer's padding (the rows of no token: zeros), grid-stride.
+Every CTA first finds the groups from offs (one warp: `moe_tables.clamped_bounds`, a scan of the rows rounded
+up to 128) into shared memory; a row's group is a binary search there. Compiled once per token type, decode
+scale kind and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row)."""
+import dataclasses
+import functools
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass._mlir.dialects import llvm
+
+from . import moe_tables, submission
+from .moe import BLOCK_ROWS, SF_VEC_SIZE, scale_width
+
+THREADS = 256  # per CTA
+CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
+MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
+K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
+NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
+
+POINTERS = {"ptr_x": (cutlass.Uint32, 16), "ptr_offs": (cutlass.Int32, 4), "ptr_packed": (cutlass.Uint32, 8),
+            "ptr_scales": (cutlass.Uint8, 16), "ptr_global": (cutlass.Float32, 4)}
+
+
+def _asm(result_type, args, ptx: str, constraints: str):
+    return llvm.inline_asm(result_type, [a.ir_value() for a in args], ptx, constraints, has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def f32_bits(value: float) -> str:
+    """`value` as a PTX fp32 literal (0fXXXXXXXX)."""
+    import struct
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+# One value's E2M1 code from x and its block's scale: q = x / scale (div.rn), then a count of the steps its
+# magnitude passes (ties: the even code), and q's sign bit as bit 3
+CODE_PTX = ("{\n\t.reg .f32 q, m;\n\t.reg .pred p;\n\t.reg .u32 c, s;\n\t"
+            "div.rn.f32 q, $1, $2;\n\tabs.f32 m, q;\n\tmov.u32 c, 0;\n\t"
+            + "".join(f"setp.{'ge' if up else 'gt'}.f32 p, m, {f32_bits(step)};\n\t@p add.u32 c, c, 1;\n\t"
+                      for step, up in ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
+                                       (3.5, True), (5.0, False)))
+            + "mov.b32 s, q;\n\tshr.u32 s, s, 31;\n\tshl.b32 s, s, 3;\n\tor.b32 $0, c, s;\n\t}")
+
+
+@cute.jit
+def e2m1_code(x: cutlass.Float32, scale: cutlass.Float32) -> cutlass.Uint32:
+    return cutlass.Uint32(_asm(cutlass.Uint32.mlir_type, [x, scale], CODE_PTX, "=r,f,f"))
+
+
+@cute.jit
+def div_rn(x: cutlass.Float32, y: cutlass.Float32) -> cutlass.Float32:
+    """x / y rounded to nearest (IEEE), as torch divides."""
+    return cutlass.Float32(_asm(cutlass.Float32.mlir_type, [x, y], "div.rn.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@cute.jit
+def e4m3_round(value: cutlass.Float32) -> cutlass.Uint32:
+    """`value` (in [2^-6, 448]) rounded to E4M3 (nearest, ties to even): its byte, in the low 8 bits."""
+    return cutlass.Uint32(_asm(
+        cutlass.Uint32.mlir_type, [value],
+        "{\n\t.reg .b16 h;\n\t.reg .f32 z;\n\tmov.f32 z, 0f00000000;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 h, z, $1;\n\tcvt.u32.u16 $0, h;\n\tand.b32 $0, $0, 255;\n\t}", "=r,f"))
+
+
+@cute.jit
+def e4m3_value(byte: cutlass.Uint32) -> cutlass.Float32:
+    """The E4M3 byte's value (exact in fp32)."""
+    return cutlass.Float32(_asm(
+        cutlass.Float32.mlir_type, [byte],
+        "{\n\t.reg .b16 h, l;\n\t.reg .b32 w;\n\tcvt.u16.u32 h, $1;\n\t"
+        "cvt.rn.f16x2.e4m3x2 w, h;\n\tmov.b32 {l, h}, w;\n\tcvt.f32.f16 $0, l;\n\t}", "=f,r"))
+
+
+@cute.jit
+def token_values(word: cutlass.Uint32, fp16: cutlass.Constexpr[bool]):
+    """The two fp32 values of a 32-bit word of bf16 or fp16 tokens (low half first)."""
+    if cutlass.const_expr(fp16):
+        low = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word],
+                                   "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, l;\n\t}", "=f,r"))
+        high = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word],
+                                    "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, h;\n\t}", "=f,r"))
+    else:
+        low = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word], "shl.b32 $0, $1, 16;", "=f,r"))
+        high = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word], "and.b32 $0, $1, 0xFFFF0000;", "=f,r"))
+    return low, high
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenQuantizerConfig:
+    """What a compiled quantizer is specific to: the tokens' type and the decode scale's kind."""
+    fp16: bool = False
+    scale_kind: int = NO_SCALE
+
+    @property
+    def name(self) -> str:
+        return "quantize-tokens-" + ("fp16" if self.fp16 else "bf16") + ("", "-scale", "-expert-scales")[
+            self.scale_kind]
+
+
+class TokenQuantizer:
+    """The kernel and its host function (`__call__`) for one `TokenQuantizerConfig`."""
+
+    def __init__(self, config: TokenQuantizerConfig):
+        self.config = config
+
+    @cute.jit
+    def __call__(self, ptr_x: cute.Pointer, ptr_offs: cute.Pointer, ptr_packed: cute.Pointer,
+                 ptr_scales: cute.Pointer, ptr_global: cute.Pointer, tokens: cutlass.Int32, k: cutlass.Int32,
+                 experts: cutlass.Int32, rows: cutlass.Int32, ctas: cutlass.Int32, stream):
+        """x (T, K) bf16 / fp16 as 32-bit words, offs (E,), packed (T, K/2) as words, the scale buffer (`rows`
+        blocked rows of K/16 bytes), the decode scale(s) (read only where the configuration has them); `ctas`
+        CTAs of THREADS threads."""
+
+        @cute.struct
+        class SharedStorage:
+            ends: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
+            scale_rows: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
+
+        self.shared_storage = SharedStorage
+        x = cute.make_tensor(ptr_x, cute.make_layout(tokens * (k // 2)))
+        offs = cute.make_tensor(ptr_offs, cute.make_layout(experts))
+        packed = cute.make_tensor(ptr_packed, cute.make_layout(tokens * (k // 8)))
+        scales = cute.make_tensor(ptr_scales, cute.make_layout(rows * (k // SF_VEC_SIZE)))
+        global_scale = cute.make_tensor(ptr_global, cute.make_layout(experts))
+        self.kernel(x, offs, packed, scales, global_scale, tokens, k, experts, rows).launch(
+            grid=(ctas, 1, 1), block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, offs: cute.Tensor, packed: cute.Tensor, scales: cute.Tensor,
+               global_scale: cute.Tensor, tokens: cutlass.Int32, k: cutlass.Int32, experts: cutlass.Int32,
+               rows: cutlass.Int32):
+        storage = submission.SmemAllocator().allocate(self.shared_storage)
+        ends, scale_rows = storage.ends.get_tensor(cute.make_layout(MAX_EXPERTS + 1)), \
+            storage.scale_rows.get_tensor(cute.make_layout(MAX_EXPERTS + 1))
+        tidx, _, _ = cute.arch.thread_idx()
+        block, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        if tidx < 32:
+            self.find_groups(offs, experts, tokens, ends, scale_rows)
+        cute.arch.sync_threads()
+        blocks_per_row = k // SF_VEC_SIZE
+        token_blocks = tokens * blocks_per_row
+        words_per_row = blocks_per_row // 4
+        work = token_blocks + rows * words_per_row
+        for item in cutlass.range(block * THREADS + tidx, work, grid * THREADS, unroll=1):
+            if item < token_blocks:
+                self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item,
+                                    blocks_per_row)
+            else:
+                self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
+
+    @cute.jit
+    def find_groups(self, offs, experts, tokens, ends, scale_rows):
+        """One warp: each group's end row (`moe_tables.clamped_bounds`: at most T, never before an earlier
+        group's) into ends[g], its first scale row P_g into scale_rows[g], and P_E (the rows the groups' blocks
+        take) into scale_rows[E]."""
+        lane = cute.arch.lane_idx()
+        carried, carried_rows = cutlass.Int32(0), cutlass.Int32(0)
+        for first in cutlass.range(0, experts, 32, unroll=1):
+            g = first + lane
+            begin, end = moe_tables.clamped_bounds(offs, g, experts, tokens, carried)
+            blocked = (end - begin + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
+            total = blocked
+            for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
+                earlier = moe_tables.shuffle_up(total, 1 << step)
+                if lane >= (1 << step):
+                    total = total + earlier
+            if g < experts:
+                ends[g] = end
+                scale_rows[g] = carried_rows + total - blocked
+            carried = cute.arch.shuffle_sync(end, 31)
+            carried_rows += cute.arch.shuffle_sync(total, 31)
+        if lane == 0:
+            scale_rows[experts] = carried_rows
+
+    @cute.jit
+    def group_of(self, table, experts, value):
+        """The first group whose entry in `table` (non-decreasing, E entries) exceeds `value` (E: none)."""
+        low, high = cutlass.Int32(0), experts
+        while low < high:
+            middle = (low + high) // 2
+            if table[middle] <= value:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    @cute.jit
+    def quantize_block(self, x, packed, scales, global_scale, ends, scale_rows, experts, item, blocks_per_row):
+        """16 values of x: their scale (to its blocked place, for a row of a group) and their codes."""
+        row = item // blocks_per_row
+        column = item - row * blocks_per_row
+        group = self.group_of(ends, experts, row)  # E for a row past offs[-1]
+        words = cute.make_rmem_tensor((8,), cutlass.Uint32)
+        cute.autovec_copy(global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16), words)
+        values = []
+        for i in cutlass.range_constexpr(8):
+            low, high = token_values(words[i], self.config.fp16)
+            values += [low, high]
+        amax = cutlass.Float32(0.0)
+        for v in values:
+            amax = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [amax, v],
+                                        "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}", "=f,f,f"))
+        scale = div_rn(amax, cutlass.Float32(6.0))
+        decode = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.config.scale_kind == ONE_SCALE):
+            decode = global_scale[0]
+        if cutlass.const_expr(self.config.scale_kind == PER_EXPERT):
+            expert = group
+            if expert >= experts:
+                expert = experts - 1
+            decode = global_scale[expert]
+        if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
+            scale = div_rn(scale, decode)
+        scale = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [scale],  # clamp to [2^-6, 448]
+                                     "{\n\t.reg .f32 t;\n\tmax.f32 t, $1, 0f3C800000;\n\tmin.f32 $0, t, 0f43E00000;\n\t}",
+                                     "=f,f"))
+        byte = e4m3_round(scale)
+        block_scale = e4m3_value(byte)
+        if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
+            block_scale = block_scale * decode
+        codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
+        for half in cutlass.range_constexpr(2):
+            word = cutlass.Uint32(0)
+            for i in cutlass.range_constexpr(8):
+                word = word | (e2m1_code(values[8 * half + i], block_scale) << (4 * i))
+            codes[half] = word
+        cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
+        if group < experts:
+            first = cutlass.Int32(0)
+            if group > 0:
+                first = ends[group - 1]
+            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
+            scales[offset] = cutlass.Uint8(byte)
+
+    @cute.jit
+    def zero_padding(self, scales, ends, scale_rows, experts, word, words_per_row):
+        """One 4-byte word of the scale buffer: zero where its row is no token's (past a group's rows within its
+        128-row block, or past P_E)."""
+        row = word // words_per_row
+        column = (word - row * words_per_row) * 4
+        group = self.group_of(scale_rows, experts + 1, row) - 1  # the last group whose P_g <= row (E: past P_E)
+        tokens_in_block = cutlass.Int32(0)
+        if group < experts:
+            first = cutlass.Int32(0)
+            if group > 0:
+                first = ends[group - 1]
+            tokens_in_block = ends[group] - first
+        if row - scale_rows[group] >= tokens_in_block:
+            offset = blocked_offset(row, column, words_per_row * 4)
+            zero = cute.make_rmem_tensor((1,), cutlass.Uint32)
+            zero[0] = cutlass.Uint32(0)
+            cute.autovec_copy(zero, global_words(scales.iterator.toint() + offset, 1, 4))
+
+
+def global_words(address, count: int, align: int):
+    """`count` 32-bit words of global memory at `address` (aligned to `align` bytes): one vector access."""
+    return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, cute.AddressSpace.gmem, assumed_align=align),
+                            cute.make_layout(count))
+
+
+@cute.jit
+def blocked_offset(row, column, width):
+    """The byte of scale row `row`, column `column` in the 128x4-blocked layout `width` bytes a row
+    (`moe.scale_offsets`)."""
+    return (cutlass.Int64(row // BLOCK_ROWS) * (BLOCK_ROWS * width) + (column // 4) * 512 + (row % 32) * 16
+            + ((row % BLOCK_ROWS) // 32) * 4 + column % 4)
+
+
+ARGUMENTS = submission.argument_spec(TokenQuantizer.__call__, POINTERS)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(config: TokenQuantizerConfig, arch: str):
+    """The quantizer's host function for `config` on `arch` (`submission.target_arch`), compiled once."""
+    return submission.compile_with_placeholders(TokenQuantizer(config).__call__, ARGUMENTS)
+
+
+_host_functions = {}
+
+
+def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor]) -> bool:
+    """Whether the kernel takes this call: a CUDA Hopper or B200, bf16 / fp16 tokens, K a multiple of
+    K_MULTIPLE, aligned contiguous tensors, at most MAX_EXPERTS experts."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2:
+        return False
+    if torch.cuda.get_device_capability(x.device) not in ((9, 0), (10, 0)):
+        return False
+    if x.shape[1] % K_MULTIPLE or not x.is_contiguous() or x.data_ptr() % 16 or offs.numel() > MAX_EXPERTS:
+        return False
+    return global_scale is None or global_scale.is_contiguous()
+
+
+def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int):
+    """The kernel's (packed, scales) for a call `runs_on` takes (the caller checked the arguments): new tensors,
+    launched on the current stream, nothing read on the host."""
+    tokens, k = x.shape
+    experts = offs.numel()
+    packed = torch.empty(tokens, k // 2, dtype=torch.uint8, device=x.device)
+    blocked = torch.empty(rows, scale_width(k), dtype=torch.uint8, device=x.device)
+    kind = NO_SCALE if global_scale is None else ONE_SCALE if global_scale.numel() == 1 else PER_EXPERT
+    work = tokens * (k // SF_VEC_SIZE) + rows * scale_width(k) // 4
+    if work:
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind)
+        with torch.cuda.device(index):
+            function = compiled(config, submission.target_arch())
+            key = (config, index)
+            host = _host_functions.get(key) or _host_functions.setdefault(
+                key, submission.HostFunction(function, ARGUMENTS, index))
+            ctas = min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index))
+            offs32 = offs if offs.dtype == torch.int32 else offs.to(torch.int32)
+            scale = global_scale.float() if global_scale is not None else None
+            host.bind(dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),
+                           ptr_scales=blocked.data_ptr(), ptr_global=scale.data_ptr() if scale is not None else 0,
+                           tokens=tokens, k=k, experts=experts, rows=rows, ctas=ctas),
+                      submission.current_stream_handle(index))()
+    return packed, blocked.view(torch.float8_e4m3fn)
