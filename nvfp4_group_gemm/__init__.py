@@ -36,10 +36,10 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# The torch ops (torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4, ..._out and moe_mlp_nvfp4) exist once `moe` and
-# `mlp` are imported. Where torch is imported already, its user gets them with the package (code calling them
-# through torch.ops, a compiled graph naming them); a command-line tool that imports the package first stays
-# free of torch.
+# The torch ops (torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4, ..._out, moe_mlp_nvfp4, quantize_tokens) exist
+# once `moe` and `mlp` are imported. Where torch is imported already, its user gets them with the package (code
+# calling them through torch.ops, a compiled graph naming them); a command-line tool that imports the package
+# first stays free of torch.
 if "torch" in sys.modules:
     importlib.import_module(f"{__name__}.mlp")
 

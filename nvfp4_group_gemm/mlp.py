@@ -17,7 +17,7 @@ routings, and
 quantizer is torch's element-wise ops and one scatter, bit-equal to `moe.quantize_tokens` (which reads offs
 on the host); on a Hopper or B200 GPU it is one kernel (token_quantizer.py). Fusing the activation with its
 requantization is the next step (docs/moe.md says what is measured)."""
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -63,11 +63,30 @@ def quantize_tokens_device(x: torch.Tensor, offs: torch.Tensor, global_scale: Op
         raise ValueError(f"quantize_tokens_device: rows={rows}: the scale buffer needs {least} rows for T={tokens} "
                          f"over E={experts} whatever the routing")
     check_decode_scale(global_scale, experts, "global_scale")
+    if moe.plain_eager(x, offs, global_scale):
+        return quantize_checked(x, offs, global_scale, rows)
+    return torch.ops.nvfp4_group_gemm.quantize_tokens(x, offs, global_scale, rows)
+
+
+def quantize_checked(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int):
+    """`quantize_tokens_device` past its checks: the kernel where it runs, else the torch composition."""
     if x.is_cuda:
         from . import token_quantizer
         if token_quantizer.runs_on(x, offs, global_scale):
             return token_quantizer.quantize_tokens(x, offs, global_scale, rows)
     return quantize_tokens_torch(x, offs, global_scale, rows)
+
+
+@torch.library.custom_op("nvfp4_group_gemm::quantize_tokens", mutates_args=())
+def _quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor],
+                     rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    return quantize_checked(x, offs, global_scale, rows)
+
+
+@_quantize_tokens.register_fake
+def _(x, offs, global_scale, rows):
+    return (x.new_empty((x.shape[0], x.shape[1] // 2), dtype=torch.uint8),
+            x.new_empty((rows, scale_width(x.shape[1])), dtype=torch.float8_e4m3fn))
 
 
 def quantize_tokens_torch(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int):

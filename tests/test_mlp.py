@@ -204,3 +204,19 @@ def test_the_docs_moe_layer_is_near_a_bf16_reference_layer():
     error = float((out.float() - want).norm() / want.norm())
     print(f"MoE layer, relative error against the bf16 reference layer: {error:.4f}")
     assert error < 0.25
+
+
+def test_the_token_quantizer_is_a_torch_op_that_torch_compile_traces():
+    """nvfp4_group_gemm::quantize_tokens (with a fake): torch.compile(fullgraph=True) traces
+    quantize_tokens_device, equal to the eager call; under fake tensors it gives the shapes without data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    x = torch.randn(100, 128, dtype=torch.bfloat16)
+    offs = torch.tensor([30, 30, 100], dtype=torch.int32)
+    scale = torch.tensor([0.5, 1.0, 2.0])
+    eager = mlp.quantize_tokens_device(x, offs, scale)
+    compiled = torch.compile(lambda *a: mlp.quantize_tokens_device(*a), fullgraph=True, backend="aot_eager")
+    traced = compiled(x, offs, scale)
+    assert all(torch.equal(t.view(torch.uint8), e.view(torch.uint8)) for t, e in zip(traced, eager))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        packed, blocked = mlp.quantize_tokens_device(mode.from_tensor(x), mode.from_tensor(offs), None)
+    assert packed.shape == (100, 64) and blocked.shape == (384, 8) and blocked.dtype == torch.float8_e4m3fn
