@@ -764,19 +764,13 @@ def fill_offset_tables(offs: cute.Tensor, tables: OffsetTables, num_groups, toke
         g = first + lane
         begin, end = moe_tables.clamped_bounds(offs, g, num_groups, tokens, carried)
         m = end - begin
-        blocked = (m + 127) // 128 * 128
-        scale_rows = blocked
-        for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
-            earlier = moe_tables.shuffle_up(scale_rows, 1 << step)
-            if lane >= (1 << step):
-                scale_rows = scale_rows + earlier
+        first_scale_row, carried_scale_rows = moe_tables.first_scale_rows(begin, end, carried_scale_rows)
         if g < num_groups:
             tables.bounds[g + 1] = end
-            tables.scale_rows[g] = carried_scale_rows + scale_rows - blocked
+            tables.scale_rows[g] = first_scale_row
         tiles += (m + tile_m - 1) // tile_m * tiles_n
         wave_tiles += (m + SM90_CONFIG.tile_m - 1) // SM90_CONFIG.tile_m
         carried = cute.arch.shuffle_sync(end, 31)
-        carried_scale_rows += cute.arch.shuffle_sync(scale_rows, 31)
     tiles = cute.arch.warp_reduction(tiles, lambda x, y: x + y)
     wave_tiles = cute.arch.warp_reduction(wave_tiles, lambda x, y: x + y) * ceil_div(tables.n, SM90_CONFIG.tile_n)
     if one_wave_rule == MOE_IN_ONE_WAVE:

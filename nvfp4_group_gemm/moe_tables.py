@@ -64,6 +64,21 @@ def clamped_bounds(offs: cute.Tensor, g, num_groups, tokens, carried):
 
 
 @cute.jit
+def first_scale_rows(begin, end, carried_rows):
+    """A warp's round of groups (`clamped_bounds`' rows): each group's first row P_g in the blocked scale buffer
+    (the groups before it, each rounded up to 128 rows, from `carried_rows`, the earlier rounds' total) and
+    every lane's total after this round."""
+    lane = cute.arch.lane_idx()
+    blocked = (end - begin + 127) // 128 * 128
+    total = blocked
+    for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
+        earlier = shuffle_up(total, 1 << step)
+        if lane >= (1 << step):
+            total = total + earlier
+    return carried_rows + total - blocked, carried_rows + cute.arch.shuffle_sync(total, 31)
+
+
+@cute.jit
 def group_from_offsets(offs: cute.Tensor, group, num_groups, tokens, tile_m: cutlass.Constexpr[int], tiles_n):
     """From the groups' end rows (a warp, each lane a share of the groups): `group`'s first row in A and its rows,
     its first row P_g in the blocked SFA (the groups before it, each rounded up to 128 rows), and every group's

@@ -37,9 +37,13 @@ POINTERS = {"ptr_x": (cutlass.Uint32, 16), "ptr_offs": (cutlass.Int32, 4), "ptr_
             "ptr_scales": (cutlass.Uint8, 16), "ptr_global": (cutlass.Float32, 4)}
 
 
-def _asm(result_type, args, ptx: str, constraints: str):
-    return llvm.inline_asm(result_type, [a.ir_value() for a in args], ptx, constraints, has_side_effects=False,
-                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+def ptx(result, args, text: str, constraints: str):
+    """Inline PTX with one result of DSL type `result` (cutlass.Float32, Uint32): `text` reads $1.. and writes $0."""
+    return result(llvm.inline_asm(result.mlir_type, [a.ir_value() for a in args], text, constraints,
+                                  has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+F32, U32 = cutlass.Float32, cutlass.Uint32
 
 
 def f32_bits(value: float) -> str:
@@ -60,45 +64,36 @@ CODE_PTX = ("{\n\t.reg .f32 q, m;\n\t.reg .pred p;\n\t.reg .u32 c, s;\n\t"
 
 @cute.jit
 def e2m1_code(x: cutlass.Float32, scale: cutlass.Float32) -> cutlass.Uint32:
-    return cutlass.Uint32(_asm(cutlass.Uint32.mlir_type, [x, scale], CODE_PTX, "=r,f,f"))
+    return ptx(U32, [x, scale], CODE_PTX, "=r,f,f")
 
 
 @cute.jit
 def div_rn(x: cutlass.Float32, y: cutlass.Float32) -> cutlass.Float32:
     """x / y rounded to nearest (IEEE), as torch divides."""
-    return cutlass.Float32(_asm(cutlass.Float32.mlir_type, [x, y], "div.rn.f32 $0, $1, $2;", "=f,f,f"))
+    return ptx(F32, [x, y], "div.rn.f32 $0, $1, $2;", "=f,f,f")
 
 
 @cute.jit
 def e4m3_round(value: cutlass.Float32) -> cutlass.Uint32:
     """`value` (in [2^-6, 448]) rounded to E4M3 (nearest, ties to even): its byte, in the low 8 bits."""
-    return cutlass.Uint32(_asm(
-        cutlass.Uint32.mlir_type, [value],
-        "{\n\t.reg .b16 h;\n\t.reg .f32 z;\n\tmov.f32 z, 0f00000000;\n\t"
-        "cvt.rn.satfinite.e4m3x2.f32 h, z, $1;\n\tcvt.u32.u16 $0, h;\n\tand.b32 $0, $0, 255;\n\t}", "=r,f"))
+    return ptx(U32, [value], "{\n\t.reg .b16 h;\n\t.reg .f32 z;\n\tmov.f32 z, 0f00000000;\n\t"
+               "cvt.rn.satfinite.e4m3x2.f32 h, z, $1;\n\tcvt.u32.u16 $0, h;\n\tand.b32 $0, $0, 255;\n\t}", "=r,f")
 
 
 @cute.jit
 def e4m3_value(byte: cutlass.Uint32) -> cutlass.Float32:
     """The E4M3 byte's value (exact in fp32)."""
-    return cutlass.Float32(_asm(
-        cutlass.Float32.mlir_type, [byte],
-        "{\n\t.reg .b16 h, l;\n\t.reg .b32 w;\n\tcvt.u16.u32 h, $1;\n\t"
-        "cvt.rn.f16x2.e4m3x2 w, h;\n\tmov.b32 {l, h}, w;\n\tcvt.f32.f16 $0, l;\n\t}", "=f,r"))
+    return ptx(F32, [byte], "{\n\t.reg .b16 h, l;\n\t.reg .b32 w;\n\tcvt.u16.u32 h, $1;\n\t"
+               "cvt.rn.f16x2.e4m3x2 w, h;\n\tmov.b32 {l, h}, w;\n\tcvt.f32.f16 $0, l;\n\t}", "=f,r")
 
 
 @cute.jit
 def token_values(word: cutlass.Uint32, fp16: cutlass.Constexpr[bool]):
     """The two fp32 values of a 32-bit word of bf16 or fp16 tokens (low half first)."""
     if cutlass.const_expr(fp16):
-        low = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word],
-                                   "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, l;\n\t}", "=f,r"))
-        high = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word],
-                                    "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, h;\n\t}", "=f,r"))
-    else:
-        low = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word], "shl.b32 $0, $1, 16;", "=f,r"))
-        high = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [word], "and.b32 $0, $1, 0xFFFF0000;", "=f,r"))
-    return low, high
+        half = "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, %s;\n\t}"
+        return ptx(F32, [word], half % "l", "=f,r"), ptx(F32, [word], half % "h", "=f,r")
+    return ptx(F32, [word], "shl.b32 $0, $1, 16;", "=f,r"), ptx(F32, [word], "and.b32 $0, $1, 0xFFFF0000;", "=f,r")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,17 +170,11 @@ class TokenQuantizer:
         for first in cutlass.range(0, experts, 32, unroll=1):
             g = first + lane
             begin, end = moe_tables.clamped_bounds(offs, g, experts, tokens, carried)
-            blocked = (end - begin + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
-            total = blocked
-            for step in cutlass.range_constexpr(5):  # inclusive sum over the lanes
-                earlier = moe_tables.shuffle_up(total, 1 << step)
-                if lane >= (1 << step):
-                    total = total + earlier
+            first_scale_row, carried_rows = moe_tables.first_scale_rows(begin, end, carried_rows)
             if g < experts:
                 ends[g] = end
-                scale_rows[g] = carried_rows + total - blocked
+                scale_rows[g] = first_scale_row
             carried = cute.arch.shuffle_sync(end, 31)
-            carried_rows += cute.arch.shuffle_sync(total, 31)
         if lane == 0:
             scale_rows[experts] = carried_rows
 
@@ -215,8 +204,7 @@ class TokenQuantizer:
             values += [low, high]
         amax = cutlass.Float32(0.0)
         for v in values:
-            amax = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [amax, v],
-                                        "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}", "=f,f,f"))
+            amax = ptx(F32, [amax, v], "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}", "=f,f,f")
         scale = div_rn(amax, cutlass.Float32(6.0))
         decode = cutlass.Float32(1.0)
         if cutlass.const_expr(self.config.scale_kind == ONE_SCALE):
@@ -228,9 +216,8 @@ class TokenQuantizer:
             decode = global_scale[expert]
         if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
             scale = div_rn(scale, decode)
-        scale = cutlass.Float32(_asm(cutlass.Float32.mlir_type, [scale],  # clamp to [2^-6, 448]
-                                     "{\n\t.reg .f32 t;\n\tmax.f32 t, $1, 0f3C800000;\n\tmin.f32 $0, t, 0f43E00000;\n\t}",
-                                     "=f,f"))
+        clamp = "{\n\t.reg .f32 t;\n\tmax.f32 t, $1, 0f3C800000;\n\tmin.f32 $0, t, 0f43E00000;\n\t}"
+        scale = ptx(F32, [scale], clamp, "=f,f")  # to [2^-6, 448]
         byte = e4m3_round(scale)
         block_scale = e4m3_value(byte)
         if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
