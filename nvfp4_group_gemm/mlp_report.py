@@ -4,8 +4,9 @@ torch._grouped_mm on the dequantized weights, silu(gate) * up between them) with
 On a GPU: E = 8 experts of DeepSeek-V3's shape (hidden 7,168, intermediate 2,048: gate_up N 4,096, K 7,168;
 down N 7,168, K 2,048) at 512 and 4,096 rows; each side timed eagerly (CUDA events over back-to-back calls)
 and replayed from a CUDA graph, the NVFP4 MLP's error against the bf16 MLP printed, the quantizer's and the
-activation's share of the MLP's time, and the quantizer's bandwidth (bytes read and written over its time,
-against the card's HBM bandwidth). Then a CUDA graph captured on one routing is replayed under two new ones
+activation's share of the MLP's replayed time (each replayed from a graph of its own: GPU time; their eager
+calls' times beside, which the host bounds), and the quantizer's bandwidth (bytes read and written over its
+replayed time, against the card's HBM bandwidth). Then a CUDA graph captured on one routing is replayed under two new ones
 copied into the same buffers, each replay compared with an eager call. Without a GPU: the same checks at a
 toy shape (hidden 512, intermediate 256, E 4), no timing."""
 from typing import NamedTuple
@@ -156,13 +157,15 @@ def command_mlp(options) -> int:
             ours, ours_graph = event_us(nvfp4), graph_us(nvfp4)
             theirs, theirs_graph = event_us(lambda: bf16_mlp(x, offs, experts)), graph_us(
                 lambda: bf16_mlp(x, offs, experts))
-            quantize = event_us(lambda: mlp.quantize_tokens_device(x, offs, x_global))
             h = torch.empty(rows, 2 * inter, dtype=torch.bfloat16, device=device).normal_()
-            activation = event_us(lambda: mlp.quantize_tokens_device(mlp.swiglu(h), offs, h_global))
+            steps = (lambda: mlp.quantize_tokens_device(x, offs, x_global),
+                     lambda: mlp.quantize_tokens_device(mlp.swiglu(h), offs, h_global))
+            (quantize, activation), eager = [graph_us(f) for f in steps], [event_us(f) for f in steps]
             line += (f"\n    NVFP4 MLP {ours:8.1f} us eager, {ours_graph:8.1f} replayed; bf16 MLP {theirs:8.1f} / "
                      f"{theirs_graph:8.1f}: {theirs / ours:.2f}x eager, {theirs_graph / ours_graph:.2f}x replayed"
-                     f"\n    quantizer {quantize:.1f} us + activation and requantization {activation:.1f} us: "
-                     f"{100 * (quantize + activation) / ours:.0f}% of the NVFP4 MLP")
+                     f"\n    replayed, quantizer {quantize:.1f} us + activation and requantization {activation:.1f} "
+                     f"us: {100 * (quantize + activation) / ours_graph:.0f}% of the NVFP4 MLP (eager calls: "
+                     f"{eager[0]:.1f} + {eager[1]:.1f} us)")
             if rows == max(row_counts):
                 moved = rows * hidden * 2 + rows * hidden // 2 + moe_scale_bytes(rows, e, hidden)
                 card = measure.card_of(name)
