@@ -12,11 +12,10 @@ serving frameworks pass: gate and up in halves or interleaved, `alpha` in the si
 (above) and up (both sides), `beta` added to up (gpt-oss: alpha 1.702, beta 1, limit 7).
 
 Every step runs on the device (torch ops, the quantizer, the grouped GEMM): a CUDA graph replays it under new
-routings, and
-`torch.ops.nvfp4_group_gemm.moe_mlp_nvfp4` (registered here, with a fake) lets torch.compile trace it. The
-quantizer is torch's element-wise ops and one scatter, bit-equal to `moe.quantize_tokens` (which reads offs
-on the host); on a Hopper or B200 GPU it is one kernel (token_quantizer.py). Fusing the activation with its
-requantization is the next step (docs/moe.md says what is measured)."""
+routings, and `torch.ops.nvfp4_group_gemm.moe_mlp_nvfp4` (registered here, with a fake) lets torch.compile
+trace it. The quantizer is one kernel on a Hopper or B200 GPU (token_quantizer.py), elsewhere torch's
+element-wise ops and one scatter, bit-equal to `moe.quantize_tokens` (which reads offs on the host). Fusing
+the activation with its requantization is the next step (docs/moe.md says what is measured)."""
 from typing import Optional, Tuple
 
 import torch
@@ -51,6 +50,8 @@ def quantize_tokens_device(x: torch.Tensor, offs: torch.Tensor, global_scale: Op
     T and E: `moe.worst_case_scale_rows`), group g's scale block from row P_g, every other byte zero.
     `global_scale`: one decode scale, or one per expert. On a Hopper or B200 GPU one kernel
     (token_quantizer.py), elsewhere torch's ops (`quantize_tokens_torch`); the same bytes either way."""
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"quantize_tokens_device: x: {x.dtype} of shape {tuple(x.shape)}: expected (T, K) floats")
     tokens, k = x.shape
     experts = offs.numel()
     if k % SF_VEC_SIZE:

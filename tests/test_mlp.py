@@ -82,6 +82,12 @@ def test_the_device_quantizer_refuses_what_it_cannot_place():
         mlp.quantize_tokens_device(torch.randn(4, 200), offs)
     with pytest.raises(ValueError, match=r"global_scale: shape \(3,\)"):
         mlp.quantize_tokens_device(x, offs, torch.ones(3))
+    with pytest.raises(ValueError, match=r"x: torch.float32 of shape \(300,\): expected \(T, K\)"):
+        mlp.quantize_tokens_device(x[:, 0], offs)
+    with pytest.raises(ValueError, match="x: torch.int64"):
+        mlp.quantize_tokens_device(torch.zeros(4, 256, dtype=torch.long), offs)
+    with pytest.raises(ValueError, match="offs: on meta"):
+        mlp.quantize_tokens_device(x, offs.to("meta"))
 
 
 @pytest.mark.parametrize("layout", mlp.GATE_UP_LAYOUTS)
