@@ -8,7 +8,8 @@
 divisions), clamped to [2^-6, 448], rounded to E4M3; each value divided by that scale times the decode scale,
 then E2M1's code by the steps of `moe.E2M1_STEPS` (nearest, ties to the even code). Rows past offs[-1] are
 quantized with the last expert's scale and their scale bytes are not stored, as `mlp.quantize_tokens_device`'s
-torch composition does.
+torch composition does. (One difference: a block holding NaN takes its scale from its other values, where
+torch's amax is NaN.)
 
 Work: each thread takes 16-value blocks of x (two 16-byte loads, one 8-byte store of codes, one scale byte at
 its blocked place), then 4-byte words of the scale buffer's padding (the rows of no token: zeros), grid-stride.
@@ -25,7 +26,7 @@ import torch
 from cutlass._mlir.dialects import llvm
 
 from . import moe_tables, submission
-from .moe import BLOCK_ROWS, SF_VEC_SIZE, scale_width
+from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
 
 THREADS = 256  # per CTA
 CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
@@ -57,8 +58,7 @@ def f32_bits(value: float) -> str:
 CODE_PTX = ("{\n\t.reg .f32 q, m;\n\t.reg .pred p;\n\t.reg .u32 c, s;\n\t"
             "div.rn.f32 q, $1, $2;\n\tabs.f32 m, q;\n\tmov.u32 c, 0;\n\t"
             + "".join(f"setp.{'ge' if up else 'gt'}.f32 p, m, {f32_bits(step)};\n\t@p add.u32 c, c, 1;\n\t"
-                      for step, up in ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
-                                       (3.5, True), (5.0, False)))
+                      for step, up in E2M1_STEPS)
             + "mov.b32 s, q;\n\tshr.u32 s, s, 31;\n\tshl.b32 s, s, 3;\n\tor.b32 $0, c, s;\n\t}")
 
 
