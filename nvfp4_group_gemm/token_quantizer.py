@@ -140,6 +140,8 @@ class TokenQuantizer:
     def kernel(self, x: cute.Tensor, offs: cute.Tensor, packed: cute.Tensor, scales: cute.Tensor,
                global_scale: cute.Tensor, tokens: cutlass.Int32, k: cutlass.Int32, experts: cutlass.Int32,
                rows: cutlass.Int32):
+        """The groups into shared memory (`find_groups`, one warp), then, grid-stride, the token blocks
+        (`quantize_block`) and after them the scale buffer's words (`zero_padding`)."""
         storage = submission.SmemAllocator().allocate(self.shared_storage)
         ends, scale_rows = storage.ends.get_tensor(cute.make_layout(MAX_EXPERTS + 1)), \
             storage.scale_rows.get_tensor(cute.make_layout(MAX_EXPERTS + 1))
