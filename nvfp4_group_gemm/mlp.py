@@ -64,6 +64,8 @@ def quantize_tokens_device(x: torch.Tensor, offs: torch.Tensor, global_scale: Op
         raise ValueError(f"quantize_tokens_device: rows={rows}: the scale buffer needs {least} rows for T={tokens} "
                          f"over E={experts} whatever the routing")
     check_decode_scale(global_scale, experts, "global_scale")
+    if global_scale is not None and global_scale.device != x.device:
+        raise ValueError(f"quantize_tokens_device: global_scale: on {global_scale.device}, x is on {x.device}")
     if moe.plain_eager(x, offs, global_scale):
         return quantize_checked(x, offs, global_scale, rows)
     return torch.ops.nvfp4_group_gemm.quantize_tokens(x, offs, global_scale, rows)

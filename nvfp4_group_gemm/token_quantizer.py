@@ -293,6 +293,8 @@ def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Te
         return False
     if x.shape[1] % K_MULTIPLE or not x.is_contiguous() or x.data_ptr() % 16 or offs.numel() > MAX_EXPERTS:
         return False
+    if x.numel() >= 2 ** 31:  # the kernel counts x's 32-bit words and blocks in Int32
+        return False
     return global_scale is None or global_scale.is_contiguous()
 
 
@@ -314,7 +316,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
             host = _host_functions.get(key) or _host_functions.setdefault(
                 key, submission.HostFunction(function, ARGUMENTS, index))
             ctas = min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index))
-            offs32 = offs if offs.dtype == torch.int32 else offs.to(torch.int32)
+            offs32 = offs.to(torch.int32).contiguous()  # read as an array (no copy where it is one)
             scale = global_scale.float() if global_scale is not None else None
             host.bind(dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),
                            ptr_scales=blocked.data_ptr(), ptr_global=scale.data_ptr() if scale is not None else 0,

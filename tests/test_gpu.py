@@ -760,3 +760,18 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
     want_packed, want_blocked = mlp.quantize_tokens_torch(x, offs, global_scale, rows)
     assert torch.equal(packed.cpu(), want_packed)
     assert torch.equal(blocked.cpu().view(torch.uint8), want_blocked.view(torch.uint8))
+
+
+@needs_hopper_or_b200
+def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
+    """offs as int64, or every other element of a longer tensor: the kernel reads it as an int32 array (a copy
+    where it is not one), the same bytes as contiguous int32 offs."""
+    from nvfp4_group_gemm import mlp
+    x = torch.randn(300, 256, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor([100, 100, 300], dtype=torch.int32, device="cuda")
+    strided = torch.stack((offs, torch.zeros_like(offs)), dim=1).reshape(-1)[0::2]
+    assert strided.stride(0) == 2
+    want = mlp.quantize_tokens_device(x, offs)
+    for other in (offs.long(), strided):
+        got = mlp.quantize_tokens_device(x, other)
+        assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))

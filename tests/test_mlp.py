@@ -88,6 +88,8 @@ def test_the_device_quantizer_refuses_what_it_cannot_place():
         mlp.quantize_tokens_device(torch.zeros(4, 256, dtype=torch.long), offs)
     with pytest.raises(ValueError, match="offs: on meta"):
         mlp.quantize_tokens_device(x, offs.to("meta"))
+    with pytest.raises(ValueError, match="global_scale: on meta"):
+        mlp.quantize_tokens_device(x, offs, torch.ones(2, device="meta"))
 
 
 @pytest.mark.parametrize("layout", mlp.GATE_UP_LAYOUTS)
