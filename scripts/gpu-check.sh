@@ -6,7 +6,7 @@
 #   bash scripts/gpu-check.sh            # OUT defaults to ./gpu-check-out
 # Exits 0 only if every step passed; the last line says which steps failed, each
 # named STEP@RELEASE (logs STEP-RELEASE.log).
-# GPU_CHECK_STEPS picks steps (default: all, in this order): smi pytest eval overhead moe
+# GPU_CHECK_STEPS picks steps (default: all, in this order): smi pytest eval overhead moe mlp
 # memcheck racecheck synccheck protocol -- e.g. two calls on one warm machine when one call's time is short.
 # GPU_CHECK_RELEASES picks releases (default: every checked one); each comes from an archive, a folder or the
 # installed DSL (scripts/cutedsl-env.sh, use_cutedsl_release), and a release not found fails as dsl@RELEASE.
@@ -17,7 +17,7 @@ OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 . scripts/cutedsl-env.sh
-steps=" ${GPU_CHECK_STEPS:-smi pytest eval overhead moe memcheck racecheck synccheck protocol} "
+steps=" ${GPU_CHECK_STEPS:-smi pytest eval overhead moe mlp memcheck racecheck synccheck protocol} "
 failed=()
 # step NAME LOG COMMAND...: runs COMMAND, its output also into $OUT/LOG; a nonzero exit fails NAME.
 # (The status is read from PIPESTATUS here: a step piped into tee runs in a subshell, where it
@@ -46,6 +46,7 @@ for release in $releases; do
   wants eval && step eval$at eval$log python3 eval.py
   wants overhead && step overhead$at overhead$log python3 eval.py overhead
   wants moe && step moe$at moe$log python3 eval.py moe
+  wants mlp && step mlp$at mlp$log python3 eval.py mlp
   for tool in memcheck racecheck synccheck; do
     wants $tool || continue
     if [ ! -x "$sanitizer" ]; then
