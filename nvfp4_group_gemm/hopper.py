@@ -365,12 +365,6 @@ check_sm90_warp_roles()
 # =============================================================================
 # Dequantization: E2M1 pairs and E4M3 scales to fp16 with inline PTX
 # =============================================================================
-def _asm(result_types, args, ptx: str, constraints: str):
-    return llvm.inline_asm(result_types, [a.ir_value() for a in args], ptx, constraints,
-                           has_side_effects=False, is_align_stack=False,
-                           asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 def _pair_ptx(j: int, packed: str, scale: str, out: str) -> str:
     """PTX for the fp16 pair (j, j + 4) of the eight E2M1 nibbles in `packed`,
     times `scale`, into `out`: sign bits from the word shifted left by 12 - 4j,
@@ -392,7 +386,7 @@ def scale_f16x2(scales: cutlass.Uint32, index: int) -> cutlass.Uint32:
     """fp16(E4M3 scale) * 2^7 in both halves of a 32-bit word, for byte
     `index` (0..3) of `scales` (a word of four scale factors, or one in byte 0)."""
     selector = index | (index << 4)  # byte `index` into bytes 0 and 1
-    return cutlass.Uint32(_asm(
+    return cutlass.Uint32(moe_tables.inline_ptx(
         cutlass.Uint32.mlir_type, [scales],
         "{\n\t.reg .b16 h;\n\t.reg .b32 d, s, c;\n\t"
         f"prmt.b32 d, $1, 0, {selector};\n\t"
@@ -408,8 +402,8 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     """Eight E2M1 values (one 32-bit word, K ascending from the low nibble)
     times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)
     (`_pair_ptx`)."""
-    out = _asm(llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
-               DEQUANT_WORD_PTX, "=r,=r,=r,=r,r,r")
+    out = moe_tables.inline_ptx(llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
+                                DEQUANT_WORD_PTX, "=r,=r,=r,=r,r,r")
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
 
 

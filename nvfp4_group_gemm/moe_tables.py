@@ -11,6 +11,7 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 
 from . import submission
 from .submission import SF_VEC_SIZE, ceil_div
@@ -28,6 +29,14 @@ def most_tiles(tokens: int, experts: int, n: int, config: submission.TileConfig)
     """The most linear tiles any routing of `tokens` over `experts` groups of N = `n` can make: each group one
     partial M tile more than its rows fill, at most min(E, T) of them (the MoE form's grid bound)."""
     return (tokens + (config.tile_m - 1) * min(experts, tokens)) // config.tile_m * ceil_div(n, config.tile_n)
+
+
+def inline_ptx(result_type, args, text: str, constraints: str):
+    """Inline PTX with no side effects (the compiler may move or drop it), as both kernels and the token quantizer
+    write their arithmetic: `text` reads $1.. (`args`, DSL values) and writes $0.. (`result_type`: an MLIR type,
+    or a struct of several)."""
+    return llvm.inline_asm(result_type, [a.ir_value() for a in args], text, constraints, has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 # ==== Device side: the groups from offs, by one warp =================================================================

@@ -23,7 +23,6 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass._mlir.dialects import llvm
 
 from . import moe_tables, submission
 from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
@@ -40,8 +39,7 @@ POINTERS = {"ptr_x": (cutlass.Uint32, 16), "ptr_offs": (cutlass.Int32, 4), "ptr_
 
 def ptx(result, args, text: str, constraints: str):
     """Inline PTX with one result of DSL type `result` (cutlass.Float32, Uint32): `text` reads $1.. and writes $0."""
-    return result(llvm.inline_asm(result.mlir_type, [a.ir_value() for a in args], text, constraints,
-                                  has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return result(moe_tables.inline_ptx(result.mlir_type, args, text, constraints))
 
 
 F32, U32 = cutlass.Float32, cutlass.Uint32
