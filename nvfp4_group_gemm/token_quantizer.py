@@ -74,7 +74,7 @@ def div_rn(x: cutlass.Float32, y: cutlass.Float32) -> cutlass.Float32:
 @cute.jit
 def e4m3_round(value: cutlass.Float32) -> cutlass.Uint32:
     """`value` (in [2^-6, 448]) rounded to E4M3 (nearest, ties to even): its byte, in the low 8 bits."""
-    return ptx(U32, [value], "{\n\t.reg .b16 h;\n\t.reg .f32 z;\n\tmov.f32 z, 0f00000000;\n\t"
+    return ptx(U32, [value], f"{{\n\t.reg .b16 h;\n\t.reg .f32 z;\n\tmov.f32 z, {f32_bits(0.0)};\n\t"
                "cvt.rn.satfinite.e4m3x2.f32 h, z, $1;\n\tcvt.u32.u16 $0, h;\n\tand.b32 $0, $0, 255;\n\t}", "=r,f")
 
 
