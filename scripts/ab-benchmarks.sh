@@ -3,7 +3,8 @@
 # (absolute times drift between runs). Usage, from the repo root:
 #   git archive OLD_REV | (mkdir -p .old && tar -x -C .old)   # here; carry .old along
 #   OUT=... bash scripts/ab-benchmarks.sh .old
-# By default it times the benchmarks by the leaderboard protocol (`eval.py benchmark`); with SWEEP_M=16,64,...
+# By default it times the benchmarks by the leaderboard protocol (`eval.py benchmark`), or with CASES=FILE that
+# file's cases (cases/random20.txt: scripts/random_cases.py's shape sets); with SWEEP_M=16,64,...
 # it runs scripts/m_sweep.py --m SWEEP_M instead (custom_kernel across M per group at the two expert shapes;
 # settings such as NVFP4_SM90_CONFIG apply to both trees).
 # Prints per benchmark (or per m_sweep point: N, K, M): old and new us of each round, and new / old of the
@@ -15,6 +16,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 . scripts/cutedsl-env.sh
 status=0
+cases=$(cd "$(dirname "${CASES:-cases/benchmarks.txt}")" && pwd)/$(basename "${CASES:-cases/benchmarks.txt}")
 for round in $(seq "${ROUNDS:-2}"); do
   for side in old new; do
     dir=$PWD; [ "$side" = old ] && dir=$old
@@ -22,7 +24,7 @@ for round in $(seq "${ROUNDS:-2}"); do
       (cd "$dir" && python3 -W ignore scripts/m_sweep.py --m "$SWEEP_M" >"$OUT/$side-$round.txt" 2>&1) || status=1
       echo "=== $side round $round: $(grep -c 'x$' "$OUT/$side-$round.txt") points timed"
     else
-      (cd "$dir" && POPCORN_FD=3 python3 -W ignore eval.py benchmark "$PWD/cases/benchmarks.txt" \
+      (cd "$dir" && POPCORN_FD=3 python3 -W ignore eval.py benchmark "$cases" \
           3>"$OUT/$side-$round.txt" >"$OUT/$side-$round.log" 2>&1) || status=1
       means=$(grep -c 'mean' "$OUT/$side-$round.txt")
       echo "=== $side round $round: $means means, $(grep '^check' "$OUT/$side-$round.txt")"

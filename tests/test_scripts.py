@@ -321,3 +321,20 @@ def test_m_sweep_prints_each_points_floor_without_a_gpu():
     assert "no GPU: floors only" in done.stdout
     refused = run("--card", "A100")
     assert refused.returncode == 2 and "no floor known" in refused.stderr
+
+
+def test_random_cases_file_is_the_generators_output_and_every_case_is_valid():
+    """cases/random20.txt is what scripts/random_cases.py draws by default (so it can be made again), and each
+    line is a case the task's rules allow, within the drawn bounds."""
+    from nvfp4_group_gemm.casefile import check_case, parse_test_line
+    done = subprocess.run([sys.executable, "scripts/random_cases.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (ROOT / "cases" / "random20.txt").read_text()
+    lines = done.stdout.splitlines()
+    assert len(lines) == 20 and len(set(lines)) == 20
+    for line in lines:
+        case = parse_test_line(line)
+        assert check_case(case) is None, line
+        assert 1 <= case["g"] <= 8 and all(1 <= m <= 1024 for m in case["m"]), line
+        assert max(case["n"]) <= 7168 and max(case["k"]) <= 7168, line
