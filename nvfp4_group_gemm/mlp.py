@@ -123,13 +123,37 @@ def swiglu(h: torch.Tensor, layout: str = "halves", alpha: float = 1.0, beta: fl
     return (gate * torch.sigmoid(alpha * gate) * (up + beta)).to(h.dtype)
 
 
+def swiglu_quantized(h: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
+                     layout: str = "halves", alpha: float = 1.0, beta: float = 0.0, limit: Optional[float] = None,
+                     rows: Optional[int] = None):
+    """`quantize_tokens_device(swiglu(h, layout, alpha, beta, limit), offs, global_scale, rows)`, the same bytes:
+    on a Hopper or B200 GPU in eager mode one kernel (the quantizer computing SwiGLU as it loads h, which then
+    never leaves the registers), else those two steps."""
+    if h.dim() != 2 or h.shape[1] % 2 or not h.is_floating_point():
+        raise ValueError(f"swiglu_quantized: h: {h.dtype} of shape {tuple(h.shape)}: expected (T, 2I) floats")
+    if layout not in GATE_UP_LAYOUTS:
+        raise ValueError(f"swiglu_quantized: layout={layout!r}: one of {', '.join(GATE_UP_LAYOUTS)}")
+    if h.is_cuda and moe.plain_eager(h, offs, global_scale):
+        from . import token_quantizer
+        if token_quantizer.runs_on(h, offs, global_scale, swiglu=True) and offs.device == h.device:
+            tokens, experts = h.shape[0], offs.numel()
+            least = worst_case_scale_rows(tokens, experts)
+            if rows is not None and rows < least:
+                raise ValueError(f"swiglu_quantized: rows={rows}: the scale buffer needs {least} rows for "
+                                 f"T={tokens} over E={experts} whatever the routing")
+            check_decode_scale(global_scale, experts, "global_scale")
+            return token_quantizer.quantize_tokens(h, offs, global_scale, least if rows is None else rows,
+                                                   swiglu=(layout, float(alpha), float(beta),
+                                                           None if limit is None else float(limit)))
+    return quantize_tokens_device(swiglu(h, layout, alpha, beta, limit), offs, global_scale, rows)
+
+
 def mlp_steps(x, offs, w13, w13_scale, w2, w2_scale, w13_global=None, w2_global=None, x_global=None,
                             h_global=None, layout="halves", alpha=1.0, beta=0.0, limit=None):
     """The MLP's steps, each a call of this package's public functions: what `moe_mlp_nvfp4` and its op run."""
     a, a_scale = quantize_tokens_device(x, offs, x_global)
     h = moe.grouped_mm_nvfp4(a, w13, a_scale, w13_scale, offs, a_global=x_global, b_global=w13_global)
-    y = swiglu(h, layout, alpha, beta, limit)
-    a2, a2_scale = quantize_tokens_device(y, offs, h_global)
+    a2, a2_scale = swiglu_quantized(h, offs, h_global, layout, alpha, beta, limit)
     return moe.grouped_mm_nvfp4(a2, w2, a2_scale, w2_scale, offs, a_global=h_global, b_global=w2_global)
 
 

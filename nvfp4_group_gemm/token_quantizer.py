@@ -94,16 +94,23 @@ def token_values(word: cutlass.Uint32, fp16: cutlass.Constexpr[bool]):
     return ptx(F32, [word], "shl.b32 $0, $1, 16;", "=f,r"), ptx(F32, [word], "and.b32 $0, $1, 0xFFFF0000;", "=f,r")
 
 
+ACTIVATIONS = ("", "halves", "interleaved")  # none, or SwiGLU with gate and up as `mlp.GATE_UP_LAYOUTS` says
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenQuantizerConfig:
-    """What a compiled quantizer is specific to: the tokens' type and the decode scale's kind."""
+    """What a compiled quantizer is specific to: the tokens' type, the decode scale's kind, and whether it
+    quantizes x itself or SwiGLU of x (`activation`: gate and up in halves or interleaved; `limit`: clamped)."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
+    activation: str = ""
+    limit: bool = False
 
     @property
     def name(self) -> str:
-        return "quantize-tokens-" + ("fp16" if self.fp16 else "bf16") + ("", "-scale", "-expert-scales")[
-            self.scale_kind]
+        return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
+                + ("", "-scale", "-expert-scales")[self.scale_kind]
+                + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else ""))
 
 
 class TokenQuantizer:
@@ -115,10 +122,12 @@ class TokenQuantizer:
     @cute.jit
     def __call__(self, ptr_x: cute.Pointer, ptr_offs: cute.Pointer, ptr_packed: cute.Pointer,
                  ptr_scales: cute.Pointer, ptr_global: cute.Pointer, tokens: cutlass.Int32, k: cutlass.Int32,
-                 experts: cutlass.Int32, rows: cutlass.Int32, ctas: cutlass.Int32, stream):
-        """x (T, K) bf16 / fp16 as 32-bit words, offs (E,), packed (T, K/2) as words, the scale buffer (`rows`
-        blocked rows of K/16 bytes), the decode scale(s) (read only where the configuration has them); `ctas`
-        CTAs of THREADS threads."""
+                 experts: cutlass.Int32, rows: cutlass.Int32, ctas: cutlass.Int32, alpha_bits: cutlass.Int32,
+                 beta_bits: cutlass.Int32, limit_bits: cutlass.Int32, stream):
+        """x (T, K) bf16 / fp16 as 32-bit words ((T, 2K) with an activation: K its output's columns), offs (E,),
+        packed (T, K/2) as words, the scale buffer (`rows` blocked rows of K/16 bytes), the decode scale(s) (read
+        only where the configuration has them); `ctas` CTAs of THREADS threads; SwiGLU's alpha, beta and limit
+        as the bits of fp32 values (read only with an activation)."""
 
         @cute.struct
         class SharedStorage:
@@ -126,18 +135,20 @@ class TokenQuantizer:
             scale_rows: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
 
         self.shared_storage = SharedStorage
-        x = cute.make_tensor(ptr_x, cute.make_layout(tokens * (k // 2)))
+        x = cute.make_tensor(ptr_x, cute.make_layout(tokens * (k if cutlass.const_expr(self.config.activation)
+                                                             else k // 2)))
         offs = cute.make_tensor(ptr_offs, cute.make_layout(experts))
         packed = cute.make_tensor(ptr_packed, cute.make_layout(tokens * (k // 8)))
         scales = cute.make_tensor(ptr_scales, cute.make_layout(rows * (k // SF_VEC_SIZE)))
         global_scale = cute.make_tensor(ptr_global, cute.make_layout(experts))
-        self.kernel(x, offs, packed, scales, global_scale, tokens, k, experts, rows).launch(
+        swiglu = (alpha_bits, beta_bits, limit_bits)
+        self.kernel(x, offs, packed, scales, global_scale, tokens, k, experts, rows, swiglu).launch(
             grid=(ctas, 1, 1), block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, offs: cute.Tensor, packed: cute.Tensor, scales: cute.Tensor,
                global_scale: cute.Tensor, tokens: cutlass.Int32, k: cutlass.Int32, experts: cutlass.Int32,
-               rows: cutlass.Int32):
+               rows: cutlass.Int32, swiglu: tuple):
         """The groups into shared memory (`find_groups`, one warp), then, grid-stride, the token blocks
         (`quantize_block`) and after them the scale buffer's words (`zero_padding`)."""
         storage = submission.SmemAllocator().allocate(self.shared_storage)
@@ -156,7 +167,7 @@ class TokenQuantizer:
         for item in cutlass.range(block * THREADS + tidx, work, grid * THREADS, unroll=1):
             if item < token_blocks:
                 self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item,
-                                    blocks_per_row)
+                                    blocks_per_row, swiglu)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
 
@@ -191,17 +202,14 @@ class TokenQuantizer:
         return low
 
     @cute.jit
-    def quantize_block(self, x, packed, scales, global_scale, ends, scale_rows, experts, item, blocks_per_row):
-        """16 values of x: their scale (to its blocked place, for a row of a group) and their codes."""
+    def quantize_block(self, x, packed, scales, global_scale, ends, scale_rows, experts, item, blocks_per_row,
+                       swiglu):
+        """16 values of x (or of SwiGLU of x: `block_values`): their scale (to its blocked place, for a row of a
+        group) and their codes."""
         row = item // blocks_per_row
         column = item - row * blocks_per_row
         group = self.group_of(ends, experts, row)  # E for a row past offs[-1]
-        words = cute.make_rmem_tensor((8,), cutlass.Uint32)
-        cute.autovec_copy(global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16), words)
-        values = []
-        for i in cutlass.range_constexpr(8):
-            low, high = token_values(words[i], self.config.fp16)
-            values += [low, high]
+        values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
         amax = cutlass.Float32(0.0)
         for v in values:
             amax = ptx(F32, [amax, v], "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}", "=f,f,f")
@@ -237,6 +245,42 @@ class TokenQuantizer:
             scales[offset] = cutlass.Uint8(byte)
 
     @cute.jit
+    def block_values(self, x, item, row, column, blocks_per_row, swiglu):
+        """The 16 fp32 values of block `item`: x's (two 16-byte loads); with an activation, SwiGLU of the
+        row's gate and up (`swiglu_value`, from four 16-byte loads: the two halves' blocks, or 32 interleaved
+        values), rounded to the tokens' type as torch's composition stores them."""
+        fp16 = self.config.fp16
+        values = []
+        if cutlass.const_expr(not self.config.activation):
+            words = cute.make_rmem_tensor((8,), cutlass.Uint32)
+            cute.autovec_copy(global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16), words)
+            for i in cutlass.range_constexpr(8):
+                low, high = token_values(words[i], fp16)
+                values += [low, high]
+        else:
+            alpha, beta, limit = (ptx(F32, [bits], "mov.b32 $0, $1;", "=f,r") for bits in swiglu)
+            row_words = x.iterator.toint() + cutlass.Int64(row) * cutlass.Int64(blocks_per_row * 16 * 4)
+            gates, ups = [], []
+            if cutlass.const_expr(self.config.activation == "halves"):  # gate columns, then up columns
+                for half, out in ((0, gates), (1, ups)):
+                    words = cute.make_rmem_tensor((8,), cutlass.Uint32)
+                    start = row_words + (cutlass.Int64(half * blocks_per_row * 8) + column * 8) * 4
+                    cute.autovec_copy(global_words(start, 8, 16), words)
+                    for i in cutlass.range_constexpr(8):
+                        low, high = token_values(words[i], fp16)
+                        out += [low, high]
+            else:  # gate, up, gate, up, ...: a 32-bit word is one (gate, up) pair
+                words = cute.make_rmem_tensor((16,), cutlass.Uint32)
+                cute.autovec_copy(global_words(row_words + cutlass.Int64(column) * 64, 16, 16), words)
+                for i in cutlass.range_constexpr(16):
+                    gate, up = token_values(words[i], fp16)
+                    gates.append(gate)
+                    ups.append(up)
+            for gate, up in zip(gates, ups):
+                values.append(swiglu_value(gate, up, alpha, beta, limit, self.config.limit, fp16))
+        return values
+
+    @cute.jit
     def zero_padding(self, scales, ends, scale_rows, experts, word, words_per_row):
         """One 4-byte word of the scale buffer: zero where its row is no token's (past a group's rows within its
         128-row block, or past P_E)."""
@@ -263,6 +307,26 @@ def global_words(address, count: int, align: int):
 
 
 @cute.jit
+def swiglu_value(gate, up, alpha, beta, limit, clamped: cutlass.Constexpr[bool], fp16: cutlass.Constexpr[bool]):
+    """`mlp.swiglu` of one (gate, up) pair as torch's ops compute it, each op rounded to fp32 on its own (explicit
+    .rn PTX: nothing contracted across them): gate clamped to at most `limit` and up to [-limit, limit] where
+    `clamped`; gate * sigmoid(alpha * gate) * (up + beta), the sigmoid as torch's kernel writes it
+    (1 / (1 + exp(-x)), libdevice's expf); then rounded to the tokens' type and back (exact)."""
+    if cutlass.const_expr(clamped):
+        gate = ptx(F32, [gate, limit], "min.f32 $0, $1, $2;", "=f,f,f")
+        up = ptx(F32, [up, limit], "{\n\t.reg .f32 t, n;\n\tmin.f32 t, $1, $2;\n\tneg.f32 n, $2;\n\t"
+                                   "max.f32 $0, t, n;\n\t}", "=f,f,f")
+    scaled = ptx(F32, [alpha, gate], "mul.rn.f32 $0, $1, $2;", "=f,f,f")
+    sigmoid = cutlass.Float32(1.0) / (cutlass.Float32(1.0) + cute.math.exp(-scaled, fastmath=False))
+    product = ptx(F32, [gate, sigmoid], "mul.rn.f32 $0, $1, $2;", "=f,f,f")
+    shifted = ptx(F32, [up, beta], "add.rn.f32 $0, $1, $2;", "=f,f,f")
+    value = ptx(F32, [product, shifted], "mul.rn.f32 $0, $1, $2;", "=f,f,f")
+    to_type = ("cvt.rn.f16.f32 h, $1;\n\tcvt.f32.f16 $0, h;" if cutlass.const_expr(fp16) else
+               "cvt.rn.bf16.f32 h, $1;\n\tmov.b16 z, 0;\n\tmov.b32 w, {z, h};\n\tmov.b32 $0, w;")
+    return ptx(F32, [value], "{\n\t.reg .b16 h, z;\n\t.reg .b32 w;\n\t" + to_type + "\n\t}", "=f,f")
+
+
+@cute.jit
 def blocked_offset(row, column, width):
     """The byte of scale row `row`, column `column` in the 128x4-blocked layout `width` bytes a row
     (`moe.scale_offsets`)."""
@@ -282,24 +346,33 @@ def compiled(config: TokenQuantizerConfig, arch: str):
 _host_functions = {}
 
 
-def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor]) -> bool:
+def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor],
+            swiglu: bool = False) -> bool:
     """Whether the kernel takes this call: a CUDA Hopper or B200, bf16 / fp16 tokens, K a multiple of
-    K_MULTIPLE, aligned contiguous tensors, at most MAX_EXPERTS experts."""
+    K_MULTIPLE (with `swiglu`: K / 2, the output's), aligned contiguous tensors, at most MAX_EXPERTS experts."""
     if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2:
         return False
     if torch.cuda.get_device_capability(x.device) not in ((9, 0), (10, 0)):
         return False
-    if x.shape[1] % K_MULTIPLE or not x.is_contiguous() or x.data_ptr() % 16 or offs.numel() > MAX_EXPERTS:
+    if x.shape[1] % (K_MULTIPLE * (2 if swiglu else 1)) or not x.is_contiguous() or x.data_ptr() % 16 or offs.numel() > MAX_EXPERTS:
         return False
     if x.numel() >= 2 ** 31:  # the kernel counts x's 32-bit words and blocks in Int32
         return False
     return global_scale is None or global_scale.is_contiguous()
 
 
-def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int):
+def f32_as_int32(value: float) -> int:
+    """The bits of `value` as an fp32, as a signed 32-bit integer (a host function's Int32 argument)."""
+    import struct
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int,
+                    swiglu: Optional[tuple] = None):
     """The kernel's (packed, scales) for a call `runs_on` takes (the caller checked the arguments): new tensors,
-    launched on the current stream, nothing read on the host."""
-    tokens, k = x.shape
+    launched on the current stream, nothing read on the host. `swiglu` (layout, alpha, beta, limit or None):
+    quantize `mlp.swiglu` of x ((T, 2K): gate and up) instead of x, in the same kernel."""
+    tokens, k = x.shape[0], x.shape[1] // (2 if swiglu else 1)
     experts = offs.numel()
     packed = torch.empty(tokens, k // 2, dtype=torch.uint8, device=x.device)
     blocked = torch.empty(rows, scale_width(k), dtype=torch.uint8, device=x.device)
@@ -307,7 +380,9 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     work = tokens * (k // SF_VEC_SIZE) + rows * scale_width(k) // 4
     if work:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind)
+        layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
+        config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
+                                      limit=limit is not None)
         with torch.cuda.device(index):
             function = compiled(config, submission.target_arch())
             key = (config, index)
@@ -318,6 +393,8 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
             scale = global_scale.float() if global_scale is not None else None
             host.bind(dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),
                            ptr_scales=blocked.data_ptr(), ptr_global=scale.data_ptr() if scale is not None else 0,
-                           tokens=tokens, k=k, experts=experts, rows=rows, ctas=ctas),
+                           tokens=tokens, k=k, experts=experts, rows=rows, ctas=ctas,
+                           alpha_bits=f32_as_int32(alpha), beta_bits=f32_as_int32(beta),
+                           limit_bits=f32_as_int32(limit if limit is not None else 0.0)),
                       submission.current_stream_handle(index))()
     return packed, blocked.view(torch.float8_e4m3fn)

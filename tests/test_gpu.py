@@ -775,3 +775,23 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
     for other in (offs.long(), strided):
         got = mlp.quantize_tokens_device(x, other)
         assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (1.702, 1.0)], ids=["silu", "gpt-oss"])
+@pytest.mark.parametrize("layout,limit", [("halves", None), ("interleaved", None), ("interleaved", 7.0)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(dtype, layout, limit, alpha, beta):
+    """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h): the same bytes as
+    torch's ops on the GPU (mlp.swiglu, then the torch quantizer composition), per-expert decode scales, empty
+    experts and rows past offs[-1]."""
+    from nvfp4_group_gemm import mlp, token_quantizer
+    gen = torch.Generator().manual_seed(5)
+    sizes, inter = (0, 129, 0, 7, 160, 4), 192
+    tokens = sum(sizes) + 3
+    h = (torch.randn(tokens, 2 * inter, generator=gen) * 4).to(dtype).cuda()
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    scale = (torch.rand(len(sizes), generator=gen) + 0.1).cuda()
+    assert token_quantizer.runs_on(h, offs, scale, swiglu=True)
+    packed, blocked = mlp.swiglu_quantized(h, offs, scale, layout, alpha, beta, limit)
+    rows = mlp.worst_case_scale_rows(tokens, len(sizes))
+    want_packed, want_blocked = mlp.quantize_tokens_torch(mlp.swiglu(h, layout, alpha, beta, limit), offs, scale, rows)
+    wrong = int((packed != want_packed).sum()), int((blocked.view(torch.uint8) != want_blocked.view(torch.uint8)).sum())
+    assert wrong == (0, 0), f"bytes differing (codes, scales): {wrong}"

@@ -228,3 +228,19 @@ def test_the_token_quantizer_is_a_torch_op_that_torch_compile_traces():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         packed, blocked = mlp.quantize_tokens_device(mode.from_tensor(x), mode.from_tensor(offs), None)
     assert packed.shape == (100, 64) and blocked.shape == (384, 8) and blocked.dtype == torch.float8_e4m3fn
+
+
+def test_swiglu_quantized_is_the_two_steps_and_names_what_is_wrong():
+    """mlp.swiglu_quantized (one kernel on a Hopper or B200 GPU) is quantize_tokens_device of swiglu, byte for
+    byte, for both layouts with and without a limit; malformed h or layout are named."""
+    gen = torch.Generator().manual_seed(3)
+    h = (torch.randn(70, 256, generator=gen) * 3).to(torch.bfloat16)
+    offs = torch.tensor([20, 20, 70], dtype=torch.int32)
+    for layout, limit in (("halves", None), ("interleaved", 7.0)):
+        got = mlp.swiglu_quantized(h, offs, torch.tensor(0.5), layout, 1.702, 1.0, limit)
+        want = mlp.quantize_tokens_device(mlp.swiglu(h, layout, 1.702, 1.0, limit), offs, torch.tensor(0.5))
+        assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+    with pytest.raises(ValueError, match=r"h: torch.bfloat16 of shape \(70, 255\)"):
+        mlp.swiglu_quantized(h[:, :255], offs)
+    with pytest.raises(ValueError, match="layout='rows'"):
+        mlp.swiglu_quantized(h, offs, layout="rows")
