@@ -135,7 +135,8 @@ def swiglu_quantized(h: torch.Tensor, offs: torch.Tensor, global_scale: Optional
         raise ValueError(f"swiglu_quantized: layout={layout!r}: one of {', '.join(GATE_UP_LAYOUTS)}")
     if h.is_cuda and moe.plain_eager(h, offs, global_scale):
         from . import token_quantizer
-        if token_quantizer.runs_on(h, offs, global_scale, swiglu=True) and offs.device == h.device:
+        same_device = offs.device == h.device and (global_scale is None or global_scale.device == h.device)
+        if same_device and token_quantizer.runs_on(h, offs, global_scale, swiglu=True):
             tokens, experts = h.shape[0], offs.numel()
             least = worst_case_scale_rows(tokens, experts)
             if rows is not None and rows < least:
