@@ -18,6 +18,7 @@ up to 128) into shared memory; a row's group is a binary search there. Compiled 
 scale kind and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row)."""
 import dataclasses
 import functools
+import struct
 from typing import Optional
 
 import cutlass
@@ -361,9 +362,10 @@ def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Te
     return global_scale is None or global_scale.is_contiguous()
 
 
+@functools.lru_cache(maxsize=256)
 def f32_as_int32(value: float) -> int:
-    """The bits of `value` as an fp32, as a signed 32-bit integer (a host function's Int32 argument)."""
-    import struct
+    """The bits of `value` as an fp32, as a signed 32-bit integer (a host function's Int32 argument); a layer
+    passes the same few options every call."""
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
