@@ -415,7 +415,8 @@ class KernelPlan:
             for name in form.functions:
                 function = form.host_function(name, device_index)
                 per_call = any(arg in CALL_ARGUMENTS for arg in function.spec.names)
-                self.launches.append((function, values) if per_call else (function.bind(values, stream), None))
+                self.launches.append((submission.ChangingLaunch(function, values, stream, CALL_ARGUMENTS), True)
+                                     if per_call else (function.bind(values, stream), False))
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
         """On the plan's stream, each form's host functions (`host_functions`) in order, with this call's
@@ -431,11 +432,11 @@ class KernelPlan:
         for side, scale in (("a", a_global), ("b", b_global)):
             call[f"{side}_global_address"] = 0 if scale is None else scale.data_ptr()
             call[f"{side}_global_per_group"] = 0 if scale is None else int(scale.dim() == 1)
-        for function, values in self.launches:
-            if values is None:
-                function()  # bound when the plan was made
+        for launch, per_call in self.launches:
+            if per_call:
+                launch(call)  # this call's arguments into the storage its launches read
             else:
-                function.bind({**values, **call}, self.stream)()
+                launch()  # bound when the plan was made
 
     @property
     def nbytes(self) -> int:

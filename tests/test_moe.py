@@ -575,3 +575,36 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
     assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (moe_tables.MOE_CONFIG,)
     assert moe.forms_for((8, 0), 512, 2, 4096, 1536, 108, False, None) is None
     assert moe.forms_for((9, 0), 512, hopper.MOE_MAX_EXPERTS + 1, 4096, 1536, 132, False, None) is None
+
+
+def test_a_plans_per_call_arguments_are_rewritten_in_place_not_bound_again():
+    """submission.ChangingLaunch: the first launch binds every value; later ones write only the changing
+    arguments into the argument storage the launch reads (where the host function owns one) and launch, without
+    binding again; where it owns none (the DSL's own conversion), each launch binds again."""
+    import ctypes
+    from nvfp4_group_gemm import submission
+    spec = submission.ArgumentSpec(("ptr_offs", "num_groups", "c_address"), (8, 4, 8, 8), (None,) * 3)
+    seen = []
+
+    class Host:
+        def __init__(self, owns_storage):
+            self.spec, self.owns, self.binds = spec, owns_storage, 0
+
+        def bind(self, values, stream):
+            self.binds += 1
+            storage = (ctypes.c_uint64 * 4)(*spec.ordered(values), stream)
+
+            def launch():
+                seen.append(tuple(storage))
+            if self.owns:
+                launch.storage = storage
+            return launch
+    for owns in (True, False):
+        seen.clear()
+        host = Host(owns)
+        launch = submission.ChangingLaunch(host, {"num_groups": 8, "ptr_offs": 0, "c_address": 0}, 7,
+                                           ("ptr_offs", "c_address", "tokens"))
+        launch({"ptr_offs": 64, "c_address": 4096, "tokens": 5})
+        launch({"ptr_offs": 128, "c_address": 8192, "tokens": 6})
+        assert seen == [(64, 8, 4096, 7), (128, 8, 8192, 7)]
+        assert host.binds == (1 if owns else 2)
