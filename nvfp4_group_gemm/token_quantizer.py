@@ -344,7 +344,13 @@ def compiled(config: TokenQuantizerConfig, arch: str):
     return submission.compile_with_placeholders(TokenQuantizer(config).__call__, ARGUMENTS)
 
 
-_host_functions = {}
+_launches = {}  # (config, device index, stream) -> its submission.ChangingLaunch
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_device(index: int) -> bool:
+    """Whether CUDA device `index` is one the kernel is built for (sm_90, sm_100)."""
+    return torch.cuda.get_device_capability(index) in ((9, 0), (10, 0))
 
 
 def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor],
@@ -353,7 +359,7 @@ def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Te
     K_MULTIPLE (with `swiglu`: K / 2, the output's), aligned contiguous tensors, at most MAX_EXPERTS experts."""
     if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2:
         return False
-    if torch.cuda.get_device_capability(x.device) not in ((9, 0), (10, 0)):
+    if not kernel_device(x.device.index if x.device.index is not None else torch.cuda.current_device()):
         return False
     if x.shape[1] % (K_MULTIPLE * (2 if swiglu else 1)) or not x.is_contiguous() or x.data_ptr() % 16 or offs.numel() > MAX_EXPERTS:
         return False
@@ -373,7 +379,8 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
                     swiglu: Optional[tuple] = None):
     """The kernel's (packed, scales) for a call `runs_on` takes (the caller checked the arguments): new tensors,
     launched on the current stream, nothing read on the host. `swiglu` (layout, alpha, beta, limit or None):
-    quantize `mlp.swiglu` of x ((T, 2K): gate and up) instead of x, in the same kernel."""
+    quantize `mlp.swiglu` of x ((T, 2K): gate and up) instead of x, in the same kernel. A (configuration, device,
+    stream) keeps its launch, whose arguments each call rewrites in place (`submission.ChangingLaunch`)."""
     tokens, k = x.shape[0], x.shape[1] // (2 if swiglu else 1)
     experts = offs.numel()
     packed = torch.empty(tokens, k // 2, dtype=torch.uint8, device=x.device)
@@ -385,18 +392,24 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
         config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
                                       limit=limit is not None)
-        with torch.cuda.device(index):
-            function = compiled(config, submission.target_arch())
-            key = (config, index)
-            host = _host_functions.get(key) or _host_functions.setdefault(
-                key, submission.HostFunction(function, ARGUMENTS, index))
-            ctas = min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index))
-            offs32 = offs.to(torch.int32).contiguous()  # read as an array (no copy where it is one)
-            scale = global_scale.float() if global_scale is not None else None
-            host.bind(dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),
-                           ptr_scales=blocked.data_ptr(), ptr_global=scale.data_ptr() if scale is not None else 0,
-                           tokens=tokens, k=k, experts=experts, rows=rows, ctas=ctas,
-                           alpha_bits=f32_as_int32(alpha), beta_bits=f32_as_int32(beta),
-                           limit_bits=f32_as_int32(limit if limit is not None else 0.0)),
-                      submission.current_stream_handle(index))()
+        stream = submission.current_stream_handle(index)
+        key = (config, index, stream)
+        launch = _launches.get(key)
+        if launch is None:
+            with torch.cuda.device(index):
+                host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
+            launch = _launches.setdefault(key, submission.ChangingLaunch(host, {}, stream, ARGUMENTS.names))
+        offs32 = offs.to(torch.int32).contiguous()  # read as an array (no copy where it is one)
+        scale = global_scale.float() if global_scale is not None else None
+        values = dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),
+                      ptr_scales=blocked.data_ptr(), ptr_global=scale.data_ptr() if scale is not None else 0,
+                      tokens=tokens, k=k, experts=experts, rows=rows,
+                      ctas=min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index)),
+                      alpha_bits=f32_as_int32(alpha), beta_bits=f32_as_int32(beta),
+                      limit_bits=f32_as_int32(limit if limit is not None else 0.0))
+        if index == torch.cuda.current_device():
+            launch(values)
+        else:
+            with torch.cuda.device(index):
+                launch(values)
     return packed, blocked.view(torch.float8_e4m3fn)
