@@ -74,16 +74,14 @@ class Problem:
         def fail(argument: str, problem: str):
             raise ValueError(f"grouped_mm_nvfp4: {argument}: {problem}")
 
-        def tensor(name, value):
-            if not isinstance(value, torch.Tensor):
+        named = (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("offs", offs),
+                 ("a_global", a_global), ("b_global", b_global), ("out", out))
+        for i, (name, value) in enumerate(named):  # the first five required, the rest optional
+            if (i < 5 or value is not None) and not isinstance(value, torch.Tensor):
                 fail(name, f"expected a torch.Tensor, got {type(value).__name__}")
-            return value
-        a, b, a_scale, b_scale, offs = (tensor(n, v) for n, v in (("a", a), ("b", b), ("a_scale", a_scale),
-                                                                   ("b_scale", b_scale), ("offs", offs)))
         device = a.device
-        for name, value in (("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("offs", offs),
-                            ("a_global", a_global), ("b_global", b_global), ("out", out)):
-            if value is not None and tensor(name, value).device != device:
+        for name, value in named[1:]:
+            if value is not None and value.device != device:
                 fail(name, f"on {value.device}, a is on {device}")
         if a.dtype not in FP4_DTYPES:
             fail("a", f"dtype {a.dtype}, expected packed E2M1 ({', '.join(map(str, FP4_DTYPES))})")
