@@ -97,9 +97,9 @@ class Problem:
             fail("b", f"shape {tuple(b.shape)}: expected (E, N, K/2) or its (E, K/2, N) transposed view")
         half_k = self.k // 2
         if b.shape[2] == half_k and b.stride(2) == 1 and b.stride(1) == half_k:
-            self.b = b  # (E, N, K/2), K-major
+            self.b, self.b_transposed = b, False  # (E, N, K/2), K-major
         elif b.shape[1] == half_k and b.stride(1) == 1 and b.stride(2) == half_k:
-            self.b = b.transpose(1, 2)  # torch's (E, K/2, N) view of the K-major weights
+            self.b, self.b_transposed = b.transpose(1, 2), True  # torch's (E, K/2, N) view of the K-major weights
         else:
             fail("b", f"shape {tuple(b.shape)} strides {b.stride()}: expected (E, N, {half_k}) with K contiguous, "
                  f"or its (E, {half_k}, N) transposed view (K = {self.k} from a)")
@@ -142,10 +142,50 @@ class Problem:
             fail("out", f"{out.dtype} {tuple(out.shape)}: expected a contiguous ({self.tokens}, {self.n}) "
                  f"{out_dtype} tensor")
         self.device, self.out_dtype = device, out_dtype
+        self.facts = None  # what calls of this signature share (`checked`): `kernel_forms` keeps its choice there
+
+    @classmethod
+    def checked(cls, a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=False) -> "Problem":
+        """Problem(...) of this call, its checks made once per `call_signature` (they read nothing else): a call
+        like one checked before gets a copy of that one's facts (`facts`, shared with it), with this call's B."""
+        try:
+            key = (call_signature(a, b, a_scale, b_scale, offs, a_global, b_global, out), out_dtype, validated)
+        except AttributeError:  # an argument that is no tensor: Problem names it
+            return cls(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated)
+        facts = _checked_calls.pop(key, None)
+        if facts is None:
+            problem = cls(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated)
+            if len(_checked_calls) >= CHECKED_CALLS_KEPT:
+                del _checked_calls[next(iter(_checked_calls))]  # the least recently used
+            facts = problem.facts = dict(problem.__dict__, b=None)  # no tensor kept
+        else:
+            problem = object.__new__(cls)
+            problem.__dict__.update(facts)
+            problem.b, problem.facts = (b.transpose(1, 2) if facts["b_transposed"] else b), facts
+        _checked_calls[key] = facts
+        return problem
 
     def new_output(self) -> torch.Tensor:
         """A (T, N) output of the call's type on its device, unwritten."""
         return torch.empty(self.tokens, self.n, dtype=self.out_dtype, device=self.device)
+
+
+def call_signature(a, b, a_scale, b_scale, offs, a_global, b_global, out) -> tuple:
+    """Everything of a call's tensors that `Problem` checks and `kernel_forms` reads, less their addresses and
+    values: each one's type, shape, strides, dtype and device (AttributeError where one is no tensor)."""
+    return (type(a), a.shape, a.stride(), a.dtype, a.device, type(b), b.shape, b.stride(), b.dtype, b.device,
+            type(a_scale), a_scale.shape, a_scale.stride(), a_scale.dtype, a_scale.device,
+            type(b_scale), b_scale.shape, b_scale.stride(), b_scale.dtype, b_scale.device,
+            type(offs), offs.shape, offs.stride(), offs.dtype, offs.device,
+            None if a_global is None else (type(a_global), a_global.shape, a_global.stride(), a_global.dtype,
+                                           a_global.device),
+            None if b_global is None else (type(b_global), b_global.shape, b_global.stride(), b_global.dtype,
+                                           b_global.device),
+            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.device))
+
+
+CHECKED_CALLS_KEPT = 256  # signatures whose checks passed, least recently used dropped first
+_checked_calls = {}  # (call_signature, out_dtype, validated) -> Problem, in use order
 
 
 def check_offsets(offs: torch.Tensor, tokens: int, a_scale: torch.Tensor, width: int) -> None:
@@ -296,7 +336,26 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
     """The configurations of the kernels launched for this call (`hopper_policy.moe_forms` on sm_90: one, or two
     the device chooses between; `moe_tables.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
     the portable path: other devices, N or K the kernels do not take, B's experts not back to back, a base
-    address not 16-byte aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90."""
+    address not 16-byte aligned, more than `hopper.MOE_MAX_EXPERTS` experts on sm_90. What does not depend on
+    the addresses is found once per signature (`kernel_device`, kept in the problem's facts)."""
+    facts = problem.facts if problem.facts is not None else {}
+    device = facts.get("kernel_device", facts)
+    if device is facts:
+        device = facts["kernel_device"] = kernel_device(problem, a, a_global, b_global, out)
+    if device is None:
+        return None
+    capability, num_sms, align, setting_name = device
+    if (a.data_ptr() % align or problem.b.data_ptr() % align or a_scale.data_ptr() % align
+            or b_scale.data_ptr() % align or out.data_ptr() % align):
+        return None
+    return forms_for(capability, problem.tokens, problem.experts, problem.n, problem.k, num_sms,
+                     problem.out_dtype == torch.bfloat16, setting_name and os.environ.get(setting_name))
+
+
+def kernel_device(problem: Problem, a, a_global, b_global, out) -> Optional[tuple]:
+    """Where a kernel may take calls of this problem's signature, whatever their addresses: (the device's
+    capability, its SMs, the alignment the kernels need of each base address, the environment variable that
+    sets the form or None); None for the portable path."""
     from . import submission
     if not a.is_cuda or problem.tokens == 0:
         return None
@@ -307,15 +366,12 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
         return None
     if any(g is not None and g.dim() == 1 and g.stride(0) != 1 for g in (a_global, b_global)):
         return None  # the kernels read a per-expert scale as an array
-    if any(t.data_ptr() % submission.PTR_ALIGN_BYTES for t in (a, b, a_scale, b_scale, out)):
-        return None
     index = cuda_index(a)
-    capability, setting = torch.cuda.get_device_capability(index), None
+    capability, setting_name = torch.cuda.get_device_capability(index), None
     if capability == (9, 0):
         from . import hopper_policy
-        setting = os.environ.get(hopper_policy.MOE_FORM_ENV)
-    return forms_for(capability, problem.tokens, problem.experts, problem.n, problem.k, submission.sm_count(index),
-                     problem.out_dtype == torch.bfloat16, setting)
+        setting_name = hopper_policy.MOE_FORM_ENV
+    return capability, submission.sm_count(index), submission.PTR_ALIGN_BYTES, setting_name
 
 
 @functools.lru_cache(maxsize=1024)
@@ -495,16 +551,24 @@ def release_plans() -> None:
 
 
 def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
-    """`configs` (`kernel_forms`' or one form's tuple) on this call, with the plan its stream keeps for them."""
+    """`configs` (`kernel_forms`' or one form's tuple) on this call, with the plan its stream keeps for them, on
+    a's device (made current for the call where it is not)."""
+    index = a.device.index
+    if index == torch.cuda.current_device():
+        launch_plan(configs, problem, index, a, a_scale, b_scale, offs, out, a_global, b_global)
+    else:
+        with torch.cuda.device(index):
+            launch_plan(configs, problem, index, a, a_scale, b_scale, offs, out, a_global, b_global)
+
+
+def launch_plan(configs, problem: Problem, index: int, a, a_scale, b_scale, offs, out, a_global, b_global) -> None:
     from . import submission
-    index = cuda_index(a)
-    with torch.cuda.device(index):
-        stream = submission.current_stream_handle(index)
-        key = (index, stream, tuple(configs), problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
-        plan = _kernel_plans.get(key)
-        if plan is None:
-            plan = _kernel_plans.add(key, KernelPlan(configs, index, stream, *key[3:]))
-        plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
+    stream = submission.current_stream_handle(index)
+    key = (index, stream, tuple(configs), problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
+    plan = _kernel_plans.get(key)
+    if plan is None:
+        plan = _kernel_plans.add(key, KernelPlan(configs, index, stream, *key[3:]))
+    plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
 
 
 def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
@@ -521,7 +585,7 @@ def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: to
 def _grouped_mm_out(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
                     offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
                     out: torch.Tensor) -> None:
-    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out.dtype, out)
+    problem = Problem.checked(a, b, a_scale, b_scale, offs, a_global, b_global, out.dtype, out)
     run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
 
 
@@ -534,7 +598,7 @@ def _(a, b, a_scale, b_scale, offs, a_global, b_global, out) -> None:
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
                 offs: torch.Tensor, a_global: Optional[torch.Tensor], b_global: Optional[torch.Tensor],
                 out_dtype: torch.dtype) -> torch.Tensor:
-    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None)
+    problem = Problem.checked(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, None)
     out = problem.new_output()
     run(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     return out
@@ -571,7 +635,10 @@ def plain_eager(*tensors) -> bool:
     torch.Tensor and none asks for gradients. The op runs the same computation either way."""
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode():
         return False
-    return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
+            return False
+    return True
 
 
 def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor],
@@ -586,7 +653,7 @@ def grouped_mm_nvfp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.T
     b, b_scale, b_global = unpack_nvfp4_tensor(b, b_scale, b_global, "b")
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
-    problem = Problem(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=validate)
+    problem = Problem.checked(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validate)
     if validate:  # this routing checked on the host: a_scale may be as short as its blocks (torch's tests')
         check_offsets(offs, problem.tokens, a_scale, problem.width)
     if validate or plain_eager(a, b, a_scale, b_scale, offs, a_global, b_global, out):

@@ -541,8 +541,8 @@ def test_an_eager_call_skips_the_torch_ops_dispatch_and_checks_once(monkeypatch)
     from torch._subclasses.fake_tensor import FakeTensorMode
     args, _ = routed((30, 0, 70))
     made, ran = [], []
-    real_problem, real_run = moe.Problem, moe.run
-    monkeypatch.setattr(moe, "Problem", lambda *a, **k: made.append(1) or real_problem(*a, **k))
+    real_checked, real_run = moe.Problem.checked, moe.run
+    monkeypatch.setattr(moe.Problem, "checked", lambda *a, **k: made.append(1) or real_checked(*a, **k))
     monkeypatch.setattr(moe, "run", lambda *a, **k: ran.append(1) or real_run(*a, **k))
     dispatched = []
     op = torch.ops.nvfp4_group_gemm.grouped_mm_nvfp4
@@ -556,6 +556,32 @@ def test_an_eager_call_skips_the_torch_ops_dispatch_and_checks_once(monkeypatch)
         traced = moe.grouped_mm_nvfp4(**fake, out_dtype=torch.float16)
     assert len(dispatched) == 1 and traced.shape == (100, 256) and traced.dtype == torch.float16
     assert not moe.plain_eager(args["a"].requires_grad_(False), torch.zeros(2, requires_grad=True))
+
+
+def test_a_calls_checks_are_made_once_per_signature_and_keep_no_tensor(monkeypatch):
+    """Problem.checked checks a call's tensors once per signature (types, shapes, strides, dtypes, devices): a
+    later call like it, with other tensors, is not checked again and computes on its own tensors; one that
+    differs in anything checked is checked (and refused where it is wrong); what is kept holds no tensor."""
+    monkeypatch.setattr(moe, "_checked_calls", {})
+    checks = []
+    real_init = moe.Problem.__init__
+    monkeypatch.setattr(moe.Problem, "__init__", lambda self, *a, **k: checks.append(1) or real_init(self, *a, **k))
+    first, _ = routed((30, 0, 70))
+    again, _ = routed((50, 10, 40), seed=3)
+    assert_matches(moe.grouped_mm_nvfp4(**first), first)
+    assert_matches(moe.grouped_mm_nvfp4(**again), again)
+    assert len(checks) == 1
+    (facts,) = moe._checked_calls.values()
+    assert not any(isinstance(v, torch.Tensor) for v in facts.values())
+    transposed = dict(again, b=again["b"].transpose(1, 2))  # torch's (E, K/2, N) view: another signature
+    assert_matches(moe.grouped_mm_nvfp4(**transposed), again)
+    assert_matches(moe.grouped_mm_nvfp4(**transposed), again)
+    assert len(checks) == 2
+    short = dict(again, offs=again["offs"][:2])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="offs: dtype torch.int32 shape \\(2,\\)"):
+            moe.grouped_mm_nvfp4(**short)
+    assert len(checks) == 4 and len(moe._checked_calls) == 2  # a refused call is checked every time, kept never
 
 
 def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
