@@ -480,12 +480,14 @@ class KernelPlan:
         if self.zero_first and not capturing:
             self.counters.zero_()
             self.zero_first = False
-        call = dict(ptr_offs=offs.data_ptr(), tokens=a.shape[0], n=self.n, k=self.k, a_address=a.data_ptr(),
-                    b_address=b.data_ptr(), ptr_b=b.data_ptr(), c_address=out.data_ptr(),
-                    sfa_address=a_scale.data_ptr(), sfb_address=b_scale.data_ptr())
-        for side, scale in (("a", a_global), ("b", b_global)):
-            call[f"{side}_global_address"] = 0 if scale is None else scale.data_ptr()
-            call[f"{side}_global_per_group"] = 0 if scale is None else int(scale.dim() == 1)
+        b_address = b.data_ptr()
+        call = {"ptr_offs": offs.data_ptr(), "tokens": a.shape[0], "n": self.n, "k": self.k,
+                "a_address": a.data_ptr(), "b_address": b_address, "ptr_b": b_address, "c_address": out.data_ptr(),
+                "sfa_address": a_scale.data_ptr(), "sfb_address": b_scale.data_ptr(),
+                "a_global_address": 0 if a_global is None else a_global.data_ptr(),
+                "a_global_per_group": 0 if a_global is None else int(a_global.dim() == 1),
+                "b_global_address": 0 if b_global is None else b_global.data_ptr(),
+                "b_global_per_group": 0 if b_global is None else int(b_global.dim() == 1)}
         for launch, per_call in self.launches:
             if per_call:
                 launch(call)  # this call's arguments into the storage its launches read
