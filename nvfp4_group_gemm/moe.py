@@ -147,7 +147,10 @@ class Problem:
     @classmethod
     def checked(cls, a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated=False) -> "Problem":
         """Problem(...) of this call, its checks made once per `call_signature` (they read nothing else): a call
-        like one checked before gets a copy of that one's facts (`facts`, shared with it), with this call's B."""
+        like one checked before gets a copy of that one's facts (`facts`, shared with it), with this call's B.
+        Traced (torch.compile), every call is checked: the trace runs once, and copies no object's state."""
+        if torch.compiler.is_compiling():
+            return cls(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated)
         try:
             key = (call_signature(a, b, a_scale, b_scale, offs, a_global, b_global, out), out_dtype, validated)
         except AttributeError:  # an argument that is no tensor: Problem names it

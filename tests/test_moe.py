@@ -206,8 +206,9 @@ class ToyExperts(torch.nn.Module):
 def test_torch_compile_traces_the_op_whole_graph():
     args, _ = routed((30, 0, 70), global_scales=True)
     inputs = [args[k] for k in ("a", "b", "a_scale", "b_scale", "offs", "b_global")]
+    eager = ToyExperts()(*inputs)  # first, so that the trace meets a call signature checked before
     compiled = torch.compile(ToyExperts(), fullgraph=True, backend="aot_eager")
-    assert torch.equal(compiled(*inputs), ToyExperts()(*inputs))
+    assert torch.equal(compiled(*inputs), eager)
 
 
 def test_the_fake_implementation_gives_the_shape_without_data():
@@ -582,6 +583,25 @@ def test_a_calls_checks_are_made_once_per_signature_and_keep_no_tensor(monkeypat
         with pytest.raises(ValueError, match="offs: dtype torch.int32 shape \\(2,\\)"):
             moe.grouped_mm_nvfp4(**short)
     assert len(checks) == 4 and len(moe._checked_calls) == 2  # a refused call is checked every time, kept never
+
+
+def test_a_traced_call_is_checked_without_the_remembered_signatures(monkeypatch):
+    """Under torch.compile the wrapper's Python is traced, and copying a remembered Problem's state breaks the
+    graph (dynamo cannot trace `__dict__.update`, as a GPU run of the fullgraph test found): a traced call is
+    checked afresh and leaves the remembered signatures as they are."""
+    monkeypatch.setattr(moe, "_checked_calls", {})
+    args, _ = routed((30, 0, 70))
+    moe.grouped_mm_nvfp4(**args)
+    (key,) = moe._checked_calls
+    before = dict(moe._checked_calls)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    checks = []
+    real_init = moe.Problem.__init__
+    monkeypatch.setattr(moe.Problem, "__init__", lambda self, *a, **k: checks.append(1) or real_init(self, *a, **k))
+    problem = moe.Problem.checked(args["a"], args["b"], args["a_scale"], args["b_scale"], args["offs"], None, None,
+                                  torch.bfloat16, None)
+    assert problem.facts is None and checks == [1]  # checked by Problem(...), not copied from what is remembered
+    assert moe._checked_calls == before
 
 
 def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
