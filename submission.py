@@ -1769,31 +1769,6 @@ class HostFunction:
         return launch
 
 
-class ChangingLaunch:
-    """A host function (`HostFunction`) bound to `values` on `stream` at its first launch, whose arguments
-    `changing` names are set anew before each launch: in place, in the argument storage the launch reads, where
-    the host function owns it; else by binding again."""
-
-    def __init__(self, host, values: dict, stream: int, changing):
-        self.host, self.values, self.stream = host, dict(values), stream
-        self.changing = [name for name in changing if name in host.spec.names]
-        self.launch, self.storage, self.slots = None, None, None
-
-    def __call__(self, values: dict) -> None:
-        """Launch with `values` for the changing arguments (and maybe more)."""
-        storage = self.storage
-        if storage is None:
-            self.values.update(values)
-            self.launch = self.host.bind(self.values, self.stream)
-            self.storage = storage = getattr(self.launch, "storage", None)
-            self.slots = [(self.host.spec.names.index(name), name) for name in self.changing]
-            self.launch()
-            return
-        for slot, name in self.slots:
-            storage[slot] = values[name]
-        self.launch()
-
-
 class LaunchPlan:
     """One input's launch, built on the current stream: its tables in a slot of its stream's arena (beyond
     TABLE_SLOT_WORDS, an allocation of its own), its own device memory (`TileConfig.plan_words`: the descriptor

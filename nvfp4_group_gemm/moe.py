@@ -402,6 +402,31 @@ def token_capacity(tokens: int) -> int:
     return max(64, 1 << (tokens - 1).bit_length())
 
 
+class ChangingLaunch:
+    """A host function (`submission.HostFunction`) bound to `values` on `stream` at its first launch, whose
+    arguments `changing` names are set anew before each launch: in place, in the argument storage the launch
+    reads, where the host function owns it; else by binding again (the MoE plans' and the token quantizer's)."""
+
+    def __init__(self, host, values: dict, stream: int, changing):
+        self.host, self.values, self.stream = host, dict(values), stream
+        self.changing = [name for name in changing if name in host.spec.names]
+        self.launch, self.storage, self.slots = None, None, None
+
+    def __call__(self, values: dict) -> None:
+        """Launch with `values` for the changing arguments (and maybe more)."""
+        storage = self.storage
+        if storage is None:
+            self.values.update(values)
+            self.launch = self.host.bind(self.values, self.stream)
+            self.storage = storage = getattr(self.launch, "storage", None)
+            self.slots = [(self.host.spec.names.index(name), name) for name in self.changing]
+            self.launch()
+            return
+        for slot, name in self.slots:
+            storage[slot] = values[name]
+        self.launch()
+
+
 # The host functions' arguments a MoE call supplies (`KernelPlan.launch`); the plan supplies the rest
 CALL_ARGUMENTS = frozenset(("ptr_offs", "tokens", "n", "k", "a_address", "b_address", "ptr_b", "c_address",
                             "sfa_address", "sfb_address", "a_global_address", "b_global_address",
@@ -472,7 +497,7 @@ class KernelPlan:
             for name in form.functions:
                 function = form.host_function(name, device_index)
                 per_call = any(arg in CALL_ARGUMENTS for arg in function.spec.names)
-                self.launches.append((submission.ChangingLaunch(function, values, stream, CALL_ARGUMENTS), True)
+                self.launches.append((ChangingLaunch(function, values, stream, CALL_ARGUMENTS), True)
                                      if per_call else (function.bind(values, stream), False))
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:

@@ -25,7 +25,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from . import moe_tables, submission
+from . import moe, moe_tables, submission
 from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
 
 THREADS = 256  # per CTA
@@ -344,7 +344,7 @@ def compiled(config: TokenQuantizerConfig, arch: str):
     return submission.compile_with_placeholders(TokenQuantizer(config).__call__, ARGUMENTS)
 
 
-_launches = {}  # (config, device index, stream) -> its submission.ChangingLaunch
+_launches = {}  # (config, device index, stream) -> its moe.ChangingLaunch
 
 
 @functools.lru_cache(maxsize=None)
@@ -380,7 +380,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     """The kernel's (packed, scales) for a call `runs_on` takes (the caller checked the arguments): new tensors,
     launched on the current stream, nothing read on the host. `swiglu` (layout, alpha, beta, limit or None):
     quantize `mlp.swiglu` of x ((T, 2K): gate and up) instead of x, in the same kernel. A (configuration, device,
-    stream) keeps its launch, whose arguments each call rewrites in place (`submission.ChangingLaunch`)."""
+    stream) keeps its launch, whose arguments each call rewrites in place (`moe.ChangingLaunch`)."""
     tokens, k = x.shape[0], x.shape[1] // (2 if swiglu else 1)
     experts = offs.numel()
     packed = torch.empty(tokens, k // 2, dtype=torch.uint8, device=x.device)
@@ -398,7 +398,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         if launch is None:
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
-            launch = _launches.setdefault(key, submission.ChangingLaunch(host, {}, stream, ARGUMENTS.names))
+            launch = _launches.setdefault(key, moe.ChangingLaunch(host, {}, stream, ARGUMENTS.names))
         offs32 = offs.to(torch.int32).contiguous()  # read as an array (no copy where it is one)
         scale = global_scale.float() if global_scale is not None else None
         values = dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),

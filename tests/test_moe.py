@@ -624,7 +624,7 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
 
 
 def test_a_plans_per_call_arguments_are_rewritten_in_place_not_bound_again():
-    """submission.ChangingLaunch: the first launch binds every value; later ones write only the changing
+    """moe.ChangingLaunch: the first launch binds every value; later ones write only the changing
     arguments into the argument storage the launch reads (where the host function owns one) and launch, without
     binding again; where it owns none (the DSL's own conversion), each launch binds again."""
     import ctypes
@@ -648,7 +648,7 @@ def test_a_plans_per_call_arguments_are_rewritten_in_place_not_bound_again():
     for owns in (True, False):
         seen.clear()
         host = Host(owns)
-        launch = submission.ChangingLaunch(host, {"num_groups": 8, "ptr_offs": 0, "c_address": 0}, 7,
+        launch = moe.ChangingLaunch(host, {"num_groups": 8, "ptr_offs": 0, "c_address": 0}, 7,
                                            ("ptr_offs", "c_address", "tokens"))
         launch({"ptr_offs": 64, "c_address": 4096, "tokens": 5})
         launch({"ptr_offs": 128, "c_address": 8192, "tokens": 6})
