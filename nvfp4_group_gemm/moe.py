@@ -188,7 +188,7 @@ def call_signature(a, b, a_scale, b_scale, offs, a_global, b_global, out) -> tup
 
 
 CHECKED_CALLS_KEPT = 256  # signatures whose checks passed, least recently used dropped first
-_checked_calls = {}  # (call_signature, out_dtype, validated) -> Problem, in use order
+_checked_calls = {}  # (call_signature, out_dtype, validated) -> the facts of a Problem, in use order
 
 
 def check_offsets(offs: torch.Tensor, tokens: int, a_scale: torch.Tensor, width: int) -> None:
