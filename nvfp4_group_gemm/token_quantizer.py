@@ -361,7 +361,8 @@ def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Te
         return False
     if not kernel_device(x.device.index if x.device.index is not None else torch.cuda.current_device()):
         return False
-    if x.shape[1] % (K_MULTIPLE * (2 if swiglu else 1)) or not x.is_contiguous() or x.data_ptr() % 16 or offs.numel() > MAX_EXPERTS:
+    if (x.shape[1] % (K_MULTIPLE * (2 if swiglu else 1)) or not x.is_contiguous() or x.data_ptr() % 16
+            or offs.numel() > MAX_EXPERTS):
         return False
     if x.numel() >= 2 ** 31:  # the kernel counts x's 32-bit words and blocks in Int32
         return False

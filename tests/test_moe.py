@@ -649,7 +649,7 @@ def test_a_plans_per_call_arguments_are_rewritten_in_place_not_bound_again():
         seen.clear()
         host = Host(owns)
         launch = moe.ChangingLaunch(host, {"num_groups": 8, "ptr_offs": 0, "c_address": 0}, 7,
-                                           ("ptr_offs", "c_address", "tokens"))
+                                    ("ptr_offs", "c_address", "tokens"))
         launch({"ptr_offs": 64, "c_address": 4096, "tokens": 5})
         launch({"ptr_offs": 128, "c_address": 8192, "tokens": 6})
         assert seen == [(64, 8, 4096, 7), (128, 8, 8192, 7)]
