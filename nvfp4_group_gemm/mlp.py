@@ -14,8 +14,9 @@ serving frameworks pass: gate and up in halves or interleaved, `alpha` in the si
 Every step runs on the device (torch ops, the quantizer, the grouped GEMM): a CUDA graph replays it under new
 routings, and `torch.ops.nvfp4_group_gemm.moe_mlp_nvfp4` (registered here, with a fake) lets torch.compile
 trace it. The quantizer is one kernel on a Hopper or B200 GPU (token_quantizer.py), elsewhere torch's
-element-wise ops and one scatter, bit-equal to `moe.quantize_tokens` (which reads offs on the host). Fusing
-the activation with its requantization is the next step (docs/moe.md says what is measured)."""
+element-wise ops and one scatter, bit-equal to `moe.quantize_tokens` (which reads offs on the host). On such
+a GPU in eager mode the activation and its requantization are that kernel too, computing SwiGLU as it loads
+gate and up (`swiglu_quantized`; docs/moe.md says what is measured)."""
 from typing import Optional, Tuple
 
 import torch
@@ -43,6 +44,16 @@ def expert_scale(scale: Optional[torch.Tensor], group: torch.Tensor, experts: in
     return scale.float()[group.clamp(max=experts - 1)].unsqueeze(1)
 
 
+def scale_rows(rows: Optional[int], tokens: int, experts: int, caller: str) -> int:
+    """The scale buffer's rows: `rows`, default and at least the worst case for T and E
+    (`moe.worst_case_scale_rows`); ValueError, naming `caller`, where `rows` is fewer."""
+    least = worst_case_scale_rows(tokens, experts)
+    if rows is not None and rows < least:
+        raise ValueError(f"{caller}: rows={rows}: the scale buffer needs {least} rows for T={tokens} "
+                         f"over E={experts} whatever the routing")
+    return least if rows is None else rows
+
+
 def quantize_tokens_device(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
                            rows: Optional[int] = None):
     """`moe.quantize_tokens` without reading offs on the host: (T, K) tokens sorted by expert -> a (T, K/2)
@@ -58,11 +69,7 @@ def quantize_tokens_device(x: torch.Tensor, offs: torch.Tensor, global_scale: Op
         raise ValueError(f"quantize_tokens_device: x: K={k} is not a multiple of {SF_VEC_SIZE}")
     if offs.device != x.device:
         raise ValueError(f"quantize_tokens_device: offs: on {offs.device}, x is on {x.device}")
-    least = worst_case_scale_rows(tokens, experts)
-    rows = least if rows is None else rows
-    if rows < least:
-        raise ValueError(f"quantize_tokens_device: rows={rows}: the scale buffer needs {least} rows for T={tokens} "
-                         f"over E={experts} whatever the routing")
+    rows = scale_rows(rows, tokens, experts, "quantize_tokens_device")
     check_decode_scale(global_scale, experts, "global_scale")
     if global_scale is not None and global_scale.device != x.device:
         raise ValueError(f"quantize_tokens_device: global_scale: on {global_scale.device}, x is on {x.device}")
@@ -137,13 +144,10 @@ def swiglu_quantized(h: torch.Tensor, offs: torch.Tensor, global_scale: Optional
         from . import token_quantizer
         same_device = offs.device == h.device and (global_scale is None or global_scale.device == h.device)
         if same_device and token_quantizer.runs_on(h, offs, global_scale, swiglu=True):
-            tokens, experts = h.shape[0], offs.numel()
-            least = worst_case_scale_rows(tokens, experts)
-            if rows is not None and rows < least:
-                raise ValueError(f"swiglu_quantized: rows={rows}: the scale buffer needs {least} rows for "
-                                 f"T={tokens} over E={experts} whatever the routing")
+            experts = offs.numel()
+            rows = scale_rows(rows, h.shape[0], experts, "swiglu_quantized")
             check_decode_scale(global_scale, experts, "global_scale")
-            return token_quantizer.quantize_tokens(h, offs, global_scale, least if rows is None else rows,
+            return token_quantizer.quantize_tokens(h, offs, global_scale, rows,
                                                    swiglu=(layout, float(alpha), float(beta),
                                                            None if limit is None else float(limit)))
     return quantize_tokens_device(swiglu(h, layout, alpha, beta, limit), offs, global_scale, rows)

@@ -95,9 +95,6 @@ def token_values(word: cutlass.Uint32, fp16: cutlass.Constexpr[bool]):
     return ptx(F32, [word], "shl.b32 $0, $1, 16;", "=f,r"), ptx(F32, [word], "and.b32 $0, $1, 0xFFFF0000;", "=f,r")
 
 
-ACTIVATIONS = ("", "halves", "interleaved")  # none, or SwiGLU with gate and up as `mlp.GATE_UP_LAYOUTS` says
-
-
 @dataclasses.dataclass(frozen=True)
 class TokenQuantizerConfig:
     """What a compiled quantizer is specific to: the tokens' type, the decode scale's kind, and whether it
@@ -359,7 +356,7 @@ def runs_on(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Te
     K_MULTIPLE (with `swiglu`: K / 2, the output's), aligned contiguous tensors, at most MAX_EXPERTS experts."""
     if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() != 2:
         return False
-    if not kernel_device(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+    if not kernel_device(moe.cuda_index(x)):
         return False
     if (x.shape[1] % (K_MULTIPLE * (2 if swiglu else 1)) or not x.is_contiguous() or x.data_ptr() % 16
             or offs.numel() > MAX_EXPERTS):
@@ -389,7 +386,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     kind = NO_SCALE if global_scale is None else ONE_SCALE if global_scale.numel() == 1 else PER_EXPERT
     work = tokens * (k // SF_VEC_SIZE) + rows * scale_width(k) // 4
     if work:
-        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        index = moe.cuda_index(x)
         layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
         config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
                                       limit=limit is not None)
