@@ -6,9 +6,10 @@ down N 7,168, K 2,048) at 512 and 4,096 rows; each side timed eagerly (CUDA even
 and replayed from a CUDA graph, the NVFP4 MLP's error against the bf16 MLP printed, the quantizer's and the
 activation's share of the MLP's replayed time (each replayed from a graph of its own: GPU time; their eager
 calls' times beside, which the host bounds), and the quantizer's bandwidth (bytes read and written over its
-replayed time, against the card's HBM bandwidth). Then a CUDA graph captured on one routing is replayed under two new ones
-copied into the same buffers, each replay compared with an eager call. Without a GPU: the same checks at a
-toy shape (hidden 512, intermediate 256, E 4), no timing."""
+replayed time, against the card's HBM bandwidth); the activation timed as the MLP runs it (`swiglu_quantized`).
+Then a CUDA graph captured on one routing is replayed under two new ones copied into the same buffers, each
+replay compared with an eager call. Without a GPU: the same checks at a toy shape (hidden 512, intermediate
+256, E 4), no timing."""
 from typing import NamedTuple
 
 GPU_SHAPE = (8, 7168, 2048)  # E, hidden, intermediate
@@ -159,7 +160,7 @@ def command_mlp(options) -> int:
                 lambda: bf16_mlp(x, offs, experts))
             h = torch.empty(rows, 2 * inter, dtype=torch.bfloat16, device=device).normal_()
             steps = (lambda: mlp.quantize_tokens_device(x, offs, x_global),
-                     lambda: mlp.quantize_tokens_device(mlp.swiglu(h), offs, h_global))
+                     lambda: mlp.swiglu_quantized(h, offs, h_global))  # the MLP's step, fused where it can be
             (quantize, activation), eager = [graph_us(f) for f in steps], [event_us(f) for f in steps]
             line += (f"\n    NVFP4 MLP {ours:8.1f} us eager, {ours_graph:8.1f} replayed; bf16 MLP {theirs:8.1f} / "
                      f"{theirs_graph:8.1f}: {theirs / ours:.2f}x eager, {theirs_graph / ours_graph:.2f}x replayed"
