@@ -155,17 +155,17 @@ class Problem:
             key = (call_signature(a, b, a_scale, b_scale, offs, a_global, b_global, out), out_dtype, validated)
         except AttributeError:  # an argument that is no tensor: Problem names it
             return cls(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated)
-        facts = _checked_calls.pop(key, None)
+        facts = _checked_calls.get(key)
         if facts is None:
             problem = cls(a, b, a_scale, b_scale, offs, a_global, b_global, out_dtype, out, validated)
             if len(_checked_calls) >= CHECKED_CALLS_KEPT:
-                del _checked_calls[next(iter(_checked_calls))]  # the least recently used
+                del _checked_calls[next(iter(_checked_calls))]  # the first checked: it is checked again if it comes
             facts = problem.facts = dict(problem.__dict__, b=None)  # no tensor kept
-        else:
-            problem = object.__new__(cls)
-            problem.__dict__.update(facts)
-            problem.b, problem.facts = (b.transpose(1, 2) if facts["b_transposed"] else b), facts
-        _checked_calls[key] = facts
+            _checked_calls[key] = facts
+            return problem
+        problem = object.__new__(cls)
+        problem.__dict__.update(facts)
+        problem.b, problem.facts = (b.transpose(1, 2) if facts["b_transposed"] else b), facts
         return problem
 
     def new_output(self) -> torch.Tensor:
@@ -187,8 +187,8 @@ def call_signature(a, b, a_scale, b_scale, offs, a_global, b_global, out) -> tup
             None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.device))
 
 
-CHECKED_CALLS_KEPT = 256  # signatures whose checks passed, least recently used dropped first
-_checked_calls = {}  # (call_signature, out_dtype, validated) -> the facts of a Problem, in use order
+CHECKED_CALLS_KEPT = 256  # signatures whose checks passed, the first checked dropped first (one lookup a call)
+_checked_calls = {}  # (call_signature, out_dtype, validated) -> the facts of a Problem, in the order checked
 
 
 def check_offsets(offs: torch.Tensor, tokens: int, a_scale: torch.Tensor, width: int) -> None:
@@ -351,8 +351,13 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
     if (a.data_ptr() % align or problem.b.data_ptr() % align or a_scale.data_ptr() % align
             or b_scale.data_ptr() % align or out.data_ptr() % align):
         return None
-    return forms_for(capability, problem.tokens, problem.experts, problem.n, problem.k, num_sms,
-                     problem.out_dtype == torch.bfloat16, setting_name and os.environ.get(setting_name))
+    setting = setting_name and os.environ.get(setting_name)
+    chosen = facts.get("forms")  # (the setting, its choice): the same for every call of the signature
+    if chosen is None or chosen[0] != setting:
+        chosen = facts["forms"] = (setting, forms_for(capability, problem.tokens, problem.experts, problem.n,
+                                                      problem.k, num_sms, problem.out_dtype == torch.bfloat16,
+                                                      setting))
+    return chosen[1]
 
 
 def kernel_device(problem: Problem, a, a_global, b_global, out) -> Optional[tuple]:
@@ -393,7 +398,16 @@ def forms_for(capability: tuple, tokens: int, experts: int, n: int, k: int, num_
         configs = hopper_policy.moe_forms(tokens, experts, n, k, num_sms)
     else:
         return None
-    return tuple(dataclasses.replace(c, bf16_output=bf16) for c in configs)
+    return Forms(dataclasses.replace(c, bf16_output=bf16) for c in configs)
+
+
+class Forms(tuple):
+    """The configurations a call launches, in launch order, with their names (`names`: what keys their plan)."""
+
+    def __new__(cls, configs):
+        forms = super().__new__(cls, configs)
+        forms.names = tuple(c.name for c in forms)
+        return forms
 
 
 def token_capacity(tokens: int) -> int:
@@ -540,9 +554,9 @@ class PlanCache:
         self.plans = {}  # key -> KernelPlan, in use order (dicts keep insertion order)
 
     def get(self, key):
-        plan = self.plans.pop(key, None)
-        if plan is not None:
-            self.plans[key] = plan  # now the most recently used
+        plan = self.plans.get(key)
+        if plan is not None and next(reversed(self.plans)) != key:
+            self.plans[key] = self.plans.pop(key)  # now the most recently used
         return plan
 
     def add(self, key, plan):
@@ -594,7 +608,8 @@ def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_glob
 def launch_plan(configs, problem: Problem, index: int, a, a_scale, b_scale, offs, out, a_global, b_global) -> None:
     from . import submission
     stream = submission.current_stream_handle(index)
-    key = (index, stream, tuple(configs), problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
+    names = configs.names if type(configs) is Forms else tuple(c.name for c in configs)
+    key = (index, stream, names, problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
     plan = _kernel_plans.get(key)
     if plan is None:
         plan = _kernel_plans.add(key, KernelPlan(configs, index, stream, *key[3:]))

@@ -508,7 +508,7 @@ def test_moe_kernel_builder_writes_the_tables_the_host_would(sizes):
                           torch.float16, out)
     configs = moe.kernel_forms(problem, args["a"], args["b_scale"], args["a_scale"], None, None, out)
     plan = next(p for key, p in moe._kernel_plans.plans.items()
-                if key[2:] == (configs, len(sizes), 256, 512, moe.token_capacity(sum(sizes))))
+                if key[2:] == (configs.names, len(sizes), 256, 512, moe.token_capacity(sum(sizes))))
     config, = configs
     words = moe.device_tables(problem, args["a"], args["a_scale"], args["b_scale"], args["offs"], out)
     assert torch.equal(plan.tables[:len(words)], words)

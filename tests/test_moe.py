@@ -585,6 +585,22 @@ def test_a_calls_checks_are_made_once_per_signature_and_keep_no_tensor(monkeypat
     assert len(checks) == 4 and len(moe._checked_calls) == 2  # a refused call is checked every time, kept never
 
 
+def test_the_remembered_signatures_are_bounded_the_first_checked_dropped_first(monkeypatch):
+    """At most CHECKED_CALLS_KEPT signatures are remembered; a new one beyond them drops the first checked, which
+    is checked again when it comes back (one dictionary lookup a call, no reordering)."""
+    monkeypatch.setattr(moe, "_checked_calls", {})
+    monkeypatch.setattr(moe, "CHECKED_CALLS_KEPT", 2)
+    checks = []
+    real_init = moe.Problem.__init__
+    monkeypatch.setattr(moe.Problem, "__init__", lambda self, *a, **k: checks.append(1) or real_init(self, *a, **k))
+    calls = [routed(sizes)[0] for sizes in ((30, 0, 70), (10, 10), (5, 6, 7, 8))]  # three signatures
+    for args in (calls[0], calls[1], calls[0], calls[2], calls[1]):  # the third drops the first, used or not
+        assert_matches(moe.grouped_mm_nvfp4(**args), args)
+    assert len(checks) == 3 and len(moe._checked_calls) == 2
+    assert_matches(moe.grouped_mm_nvfp4(**calls[0]), calls[0])
+    assert len(checks) == 4 and len(moe._checked_calls) == 2
+
+
 def test_a_traced_call_is_checked_without_the_remembered_signatures(monkeypatch):
     """Under torch.compile the wrapper's Python is traced, and copying a remembered Problem's state breaks the
     graph (dynamo cannot trace `__dict__.update`, as a GPU run of the fullgraph test found): a traced call is
