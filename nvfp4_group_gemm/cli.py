@@ -275,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "shapes, then timed: a table to paste into an issue. Hopper GPU: every hopper.py "
                        "configuration against torch._grouped_mm on pre-dequantized bf16")
     p.add_argument("--case", type=int, metavar="I", help="only benchmark I (0-based)")
-    p.add_argument("--diagnose", action="store_true", help="also time variants that leave a part out "
-                   "(hopper.SM90_DIAGNOSTICS: conversion, wgmma, ...; wrong results, timing only)")
+    p.add_argument("--shape", metavar="SPEC", help="time this case instead of the benchmarks (Hopper)")
+    p.add_argument("--diagnose", action="store_true", help="also time variants of each selected form that "
+                   "leave a part out (hopper.Diagnostic: conversion, wgmma, ...; wrong results, timing only)")
     p.add_argument("--only", action="append", metavar="PART",
                    help="only configurations whose names contain PART (repeatable), e.g. --only wr")
     sub.add_parser("moe", help="the MoE op (grouped_mm_nvfp4) on the task's shape sets of one N and K as "
@@ -337,7 +338,7 @@ def check_options(options) -> None:
             raise UsageError(f"--shape: {error}") from None
         custom = [(0, TestCase(args=options.shape_args, spec=shape))]
         options.test_cases = custom if options.command in ("all", "tests") else []
-        options.bench_cases = custom if options.command in ("all", "benchmarks", "model") else []
+        options.bench_cases = custom if options.command in ("all", "benchmarks", "model", "sweep") else []
         return
     try:
         options.test_cases = selected_cases(TESTS_FILE, case) if options.command in ("all", "tests") else []

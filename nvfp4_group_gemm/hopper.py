@@ -212,8 +212,15 @@ SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
 # The MoE op's forms (moe.py): these, each CTA computing the groups from their end rows on the device
 SM90_MOE_CONFIGS = {c.tile_name: c for c in (f.moe_form for f in SM90_CONFIGS.values())}
 SM90_MOE_DEFAULT = SM90_CONFIG.moe_form  # the default form's (`moe_forms`)
-# What `eval.py sweep --diagnose` adds: the default form under each Diagnostic, and without PDL.
-SM90_DIAGNOSTICS = tuple(dataclasses.replace(SM90_CONFIG, diagnostic=d) for d in Diagnostic) + (SM90_NO_PDL,)
+
+
+def diagnostics_of(config: Sm90TileConfig) -> tuple:
+    """What `eval.py sweep --diagnose` adds for a form: it under each Diagnostic, and without PDL."""
+    return (tuple(dataclasses.replace(config, diagnostic=d) for d in Diagnostic)
+            + (dataclasses.replace(config, pdl=False),))
+
+
+SM90_DIAGNOSTICS = diagnostics_of(SM90_CONFIG)  # the default form's
 
 # A form's token widths (`Sm90TileConfig.token_widths`), one mainloop each: from four on, ptxas (CUDA 13.0 and
 # the DSL's) serializes every wgmma "for insufficient register resources" (C7512)

@@ -120,11 +120,11 @@ def print_peers(cases: list, rows: list) -> None:
 
 
 def sweep_configs(only=None, diagnose: bool = False) -> list:
-    """hopper.py's configurations (and with `diagnose` its timing diagnostics)
-    whose names contain any of the substrings in `only` (all when None)."""
+    """hopper.py's configurations whose names contain any of the substrings in `only` (all when None), and with
+    `diagnose` each one's timing diagnostics (`hopper.diagnostics_of`) after them."""
     from nvfp4_group_gemm import hopper
-    configs = list(hopper.SM90_CONFIGS.values()) + (list(hopper.SM90_DIAGNOSTICS) if diagnose else [])
-    return [c for c in configs if not only or any(part in c.tile_name for part in only)]
+    configs = [c for c in hopper.SM90_CONFIGS.values() if not only or any(part in c.tile_name for part in only)]
+    return configs + ([d for c in configs for d in hopper.diagnostics_of(c)] if diagnose else [])
 
 
 def awkward_shape_sets() -> list:

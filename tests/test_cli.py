@@ -170,3 +170,16 @@ def test_a_shape_too_large_for_the_machine_is_one_line_not_a_traceback():
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs more memory than this machine gave" in lines[0], done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+def test_sweep_times_a_case_of_ones_own():
+    """`eval.py sweep --shape SPEC` (a decode shape, say, with --diagnose) times that case instead of the
+    benchmarks; --case and --shape exclude each other there as elsewhere."""
+    spec = "m: [16, 16]; n: [4096, 4096]; k: [7168, 7168]; g: 2; seed: 1"
+    options = cli.build_parser().parse_args(["sweep", "--only", "32x128", "--diagnose", "--shape", spec])
+    cli.check_options(options)
+    ((index, case),) = options.bench_cases
+    assert index == 0 and tuple(case.args["m"]) == (16, 16) and case.spec == spec
+    options = cli.build_parser().parse_args(["sweep", "--case", "1", "--shape", spec])
+    with pytest.raises(cli.UsageError, match="exclude"):
+        cli.check_options(options)

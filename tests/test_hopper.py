@@ -3,6 +3,8 @@ E2M1 x E4M3 pair (the conversion's PTX emulated bit for bit), its scale-factor o
 layout the leaderboard makes, its schedulers take every tile once, its shared-memory staging is conflict-free,
 its settings parse. Compile and PTX checks: test_hopper_ptx.py; tuning snapshots:
 test_hopper_tuning_snapshots.py. It runs on a Hopper GPU through custom_kernel (tests/test_gpu.py)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -315,6 +317,12 @@ def test_sweep_picks_configurations_by_name():
     with_diagnostics = peers.sweep_configs(["k128-wr"], diagnose=True)
     assert hopper.SM90_CONFIG in with_diagnostics and any(c.diagnostic for c in with_diagnostics)
     assert peers.sweep_configs(["no-such-form"]) == []
+    # --diagnose: each selected form's own variants (a decode form's at decode shapes), after the forms
+    decode = hopper.SM90_CONFIGS["sm90-32x128-k128-wr-n16"]
+    assert peers.sweep_configs(["32x128"], diagnose=True) == [decode, *hopper.diagnostics_of(decode)]
+    assert {(c.diagnostic, c.pdl) for c in hopper.diagnostics_of(decode)} == {
+        *((d, True) for d in hopper.Diagnostic), (None, False)}
+    assert all(dataclasses.replace(c, diagnostic=None, pdl=True) == decode for c in hopper.diagnostics_of(decode))
 
 
 @pytest.mark.parametrize("tile_k", sorted({c.tile_k for c in hopper.SM90_CONFIGS.values()}))
