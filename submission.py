@@ -1765,7 +1765,7 @@ class HostFunction:
             capi(packed)
             if result is not None and result.value != 0:
                 raise RuntimeError(f"CUDA error {result.value} launching the grouped GEMM")
-        launch.storage = storage
+        launch.storage, launch.packed = storage, packed
         return launch
 
 

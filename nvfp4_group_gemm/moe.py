@@ -33,9 +33,11 @@ on the device; a loop over the groups on the CPU); it is exact up to fp32 summat
 torch._grouped_mm rounds to bf16 before the global scales and an fp16 output are applied (one more rounding
 there). docs/moe.md has the design, figures and what is left.
 """
+import ctypes
 import dataclasses
 import functools
 import os
+import struct
 from typing import Optional, Tuple
 
 import torch
@@ -416,15 +418,33 @@ def token_capacity(tokens: int) -> int:
     return max(64, 1 << (tokens - 1).bit_length())
 
 
+class CallCells:
+    """A call's arguments (`names`, in order), 8 bytes each (a 4-byte one in the low half), in one array that
+    several launches read (`ChangingLaunch` with `cells`): a call writes them once, whatever the launches."""
+
+    def __init__(self, names):
+        self.names = tuple(names)
+        self.array = (ctypes.c_uint64 * len(self.names))()
+        self.write_at = struct.Struct(f"<{len(self.names)}Q").pack_into
+
+    def write(self, values: tuple) -> None:
+        self.write_at(self.array, 0, *values)
+
+    def address(self, name: str) -> int:
+        return ctypes.addressof(self.array) + 8 * self.names.index(name)
+
+
 class ChangingLaunch:
     """A host function (`submission.HostFunction`) bound to `values` on `stream` at its first launch, whose
     arguments `changing` names are set anew before each launch: in place, in the argument storage the launch
-    reads, where the host function owns it; else by binding again (the MoE plans' and the token quantizer's)."""
+    reads, where the host function owns it; else by binding again (the MoE plans' and the token quantizer's).
+    With `cells` (a `CallCells` holding every changing name), the bound launch reads those arguments from the
+    cells instead (`reads_cells`): once bound, call `launch` after writing them, with no values."""
 
-    def __init__(self, host, values: dict, stream: int, changing):
-        self.host, self.values, self.stream = host, dict(values), stream
+    def __init__(self, host, values: dict, stream: int, changing, cells: Optional[CallCells] = None):
+        self.host, self.values, self.stream, self.cells = host, dict(values), stream, cells
         self.changing = [name for name in changing if name in host.spec.names]
-        self.launch, self.storage, self.slots = None, None, None
+        self.launch, self.storage, self.slots, self.reads_cells = None, None, None, False
 
     def __call__(self, values: dict) -> None:
         """Launch with `values` for the changing arguments (and maybe more)."""
@@ -434,6 +454,12 @@ class ChangingLaunch:
             self.launch = self.host.bind(self.values, self.stream)
             self.storage = storage = getattr(self.launch, "storage", None)
             self.slots = [(self.host.spec.names.index(name), name) for name in self.changing]
+            if storage is not None and self.cells is not None:
+                # the launch reads argument i at the address in entry i of its address array (`packed`)
+                first = (self.launch.packed - ctypes.addressof(storage)) // 8
+                for slot, name in self.slots:
+                    storage[first + slot] = self.cells.address(name)
+                self.reads_cells = True
             self.launch()
             return
         for slot, name in self.slots:
@@ -441,10 +467,10 @@ class ChangingLaunch:
         self.launch()
 
 
-# The host functions' arguments a MoE call supplies (`KernelPlan.launch`); the plan supplies the rest
-CALL_ARGUMENTS = frozenset(("ptr_offs", "tokens", "n", "k", "a_address", "b_address", "ptr_b", "c_address",
-                            "sfa_address", "sfb_address", "a_global_address", "b_global_address",
-                            "a_global_per_group", "b_global_per_group"))
+# The host functions' arguments a MoE call supplies (`KernelPlan.launch` writes them in this order); the plan
+# supplies the rest
+CALL_ARGUMENTS = ("ptr_offs", "tokens", "n", "k", "a_address", "b_address", "ptr_b", "c_address", "sfa_address",
+                  "sfb_address", "a_global_address", "a_global_per_group", "b_global_address", "b_global_per_group")
 
 
 class KernelPlan:
@@ -500,8 +526,9 @@ class KernelPlan:
                 rules = (hopper.MOE_EVERY_CALL,) if len(configs) == 1 else hopper_policy.MOE_TWO_FORM_RULES
             self.one_wave_ctas = hopper_policy.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
             plan["one_wave_ctas"] = self.one_wave_ctas
-        # each form's host functions in launch order, with the plan's values; bound now where the call adds none
-        self.launches = []
+        # each form's host functions in launch order, with the plan's values; bound now where the call adds none,
+        # else at the first call, reading the call's arguments from `cells` where they can
+        self.cells, self.launches, self.bound = CallCells(CALL_ARGUMENTS), [], None
         for i, (config, form) in enumerate(zip(configs, compiled)):
             tiles = moe_tables.most_tiles(tokens, experts, n, config)
             values = dict(plan, total_tiles=tiles, num_groups=experts, num_ctas=submission.persistent_ctas(
@@ -511,7 +538,7 @@ class KernelPlan:
             for name in form.functions:
                 function = form.host_function(name, device_index)
                 per_call = any(arg in CALL_ARGUMENTS for arg in function.spec.names)
-                self.launches.append((ChangingLaunch(function, values, stream, CALL_ARGUMENTS), True)
+                self.launches.append((ChangingLaunch(function, values, stream, CALL_ARGUMENTS, self.cells), True)
                                      if per_call else (function.bind(values, stream), False))
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
@@ -523,18 +550,23 @@ class KernelPlan:
             self.counters.zero_()
             self.zero_first = False
         b_address = b.data_ptr()
-        call = {"ptr_offs": offs.data_ptr(), "tokens": a.shape[0], "n": self.n, "k": self.k,
-                "a_address": a.data_ptr(), "b_address": b_address, "ptr_b": b_address, "c_address": out.data_ptr(),
-                "sfa_address": a_scale.data_ptr(), "sfb_address": b_scale.data_ptr(),
-                "a_global_address": 0 if a_global is None else a_global.data_ptr(),
-                "a_global_per_group": 0 if a_global is None else int(a_global.dim() == 1),
-                "b_global_address": 0 if b_global is None else b_global.data_ptr(),
-                "b_global_per_group": 0 if b_global is None else int(b_global.dim() == 1)}
+        values = (offs.data_ptr(), a.shape[0], self.n, self.k, a.data_ptr(), b_address, b_address, out.data_ptr(),
+                  a_scale.data_ptr(), b_scale.data_ptr(), 0 if a_global is None else a_global.data_ptr(),
+                  0 if a_global is None else int(a_global.dim() == 1),
+                  0 if b_global is None else b_global.data_ptr(), 0 if b_global is None else int(b_global.dim() == 1))
+        self.cells.write(values)
+        if self.bound is not None:  # every launch bound, reading the cells where it takes the call's arguments
+            for launch in self.bound:
+                launch()
+            return
+        call = dict(zip(CALL_ARGUMENTS, values))
         for launch, per_call in self.launches:
             if per_call:
                 launch(call)  # this call's arguments into the storage its launches read
             else:
                 launch()  # bound when the plan was made
+        if all(launch.reads_cells for launch, per_call in self.launches if per_call):
+            self.bound = [launch.launch if per_call else launch for launch, per_call in self.launches]
 
     @property
     def nbytes(self) -> int:

@@ -670,3 +670,42 @@ def test_a_plans_per_call_arguments_are_rewritten_in_place_not_bound_again():
         launch({"ptr_offs": 128, "c_address": 8192, "tokens": 6})
         assert seen == [(64, 8, 4096, 7), (128, 8, 8192, 7)]
         assert host.binds == (1 if owns else 2)
+
+
+def test_a_plans_launches_read_the_calls_arguments_from_one_set_of_cells():
+    """With moe.CallCells, each bound launch's address array points at the cells for the call's arguments: a
+    call writes them once and every launch (two forms here, in other argument orders and widths) reads them, as
+    the DSL's native host function does (the value at each address, 4 or 8 bytes), without binding again."""
+    import ctypes
+    from nvfp4_group_gemm import submission
+    seen = []
+
+    class Host:
+        def __init__(self, names, widths):
+            self.spec, self.binds = submission.ArgumentSpec(names, widths, (None,) * len(names)), 0
+
+        def bind(self, values, stream):
+            self.binds += 1
+            storage, packed = submission.pack_host_arguments(self.spec.ordered(values), stream, ())
+            addresses = (ctypes.c_uint64 * len(self.spec.names)).from_address(packed)
+
+            def launch():  # what the native function reads: each argument at its address, then the stream
+                seen.append(tuple(int.from_bytes(ctypes.string_at(at, width), "little")
+                                  for at, width in zip(addresses, self.spec.widths)))
+            launch.storage, launch.packed = storage, packed
+            return launch
+    cells = moe.CallCells(("ptr_offs", "tokens", "c_address"))
+    hosts = [Host(("num_groups", "tokens", "ptr_offs", "c_address"), (4, 4, 8, 8)),
+             Host(("c_address", "ptr_offs", "ctas"), (8, 8, 4))]
+    launches = [moe.ChangingLaunch(host, {"num_groups": 8, "ctas": 132}, 7, cells.names, cells) for host in hosts]
+    first = {"ptr_offs": 64, "tokens": 5, "c_address": 4096}
+    cells.write(tuple(first.values()))
+    for launch in launches:
+        launch(first)
+    assert all(launch.reads_cells for launch in launches)
+    assert seen == [(8, 5, 64, 4096), (4096, 64, 132)]
+    seen.clear()
+    cells.write((128, 6, 8192))
+    for launch in launches:
+        launch.launch()  # bound: no values passed
+    assert seen == [(8, 6, 128, 8192), (8192, 128, 132)] and [h.binds for h in hosts] == [1, 1]
