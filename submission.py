@@ -1715,12 +1715,12 @@ def argument_layout_matches(compiled, spec: ArgumentSpec) -> bool:
 
 def pack_host_arguments(values, stream: int, extras) -> Tuple[ctypes.Array, int]:
     """Argument storage for a compiled host function, in one buffer: its `values` (its spec's order) and the
-    stream, 8 bytes each (a 4-byte one in the low half), then the array the host function takes: each value's
-    address, then `extras`. Returns (the buffer, to outlive every call; the array's address)."""
+    stream, 8 signed bytes each (a 4-byte one, negative too, in the low half), then the array the host function
+    takes: each value's address, then `extras`. Returns (the buffer, to outlive every call; the array's address)."""
     count = len(values) + 1
     buffer = (ctypes.c_uint64 * (2 * count + len(extras)))()
     base = ctypes.addressof(buffer)
-    struct.pack_into("<%dQ" % len(buffer), buffer, 0, *values, stream, *range(base, base + 8 * count, 8), *extras)
+    struct.pack_into("<%dq" % len(buffer), buffer, 0, *values, stream, *range(base, base + 8 * count, 8), *extras)
     return buffer, base + 8 * count
 
 

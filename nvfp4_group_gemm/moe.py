@@ -419,13 +419,13 @@ def token_capacity(tokens: int) -> int:
 
 
 class CallCells:
-    """A call's arguments (`names`, in order), 8 bytes each (a 4-byte one in the low half), in one array that
-    several launches read (`ChangingLaunch` with `cells`): a call writes them once, whatever the launches."""
+    """A call's arguments (`names`, in order), 8 signed bytes each (a 4-byte one, negative too, in the low half),
+    in one array that several launches read (`ChangingLaunch` with `cells`): a call writes them once."""
 
     def __init__(self, names):
         self.names = tuple(names)
         self.array = (ctypes.c_uint64 * len(self.names))()
-        self.write_at = struct.Struct(f"<{len(self.names)}Q").pack_into
+        self.write_at = struct.Struct(f"<{len(self.names)}q").pack_into
 
     def write(self, values: tuple) -> None:
         self.write_at(self.array, 0, *values)

@@ -19,7 +19,7 @@ scale kind and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte 
 import dataclasses
 import functools
 import struct
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -341,7 +341,15 @@ def compiled(config: TokenQuantizerConfig, arch: str):
     return submission.compile_with_placeholders(TokenQuantizer(config).__call__, ARGUMENTS)
 
 
-_launches = {}  # (config, device index, stream) -> its moe.ChangingLaunch
+class QuantizerLaunch(NamedTuple):
+    """What calls of one kind (`quantize_tokens`' key) share on one stream: the launch, the cells it reads the
+    call's arguments from (`moe.CallCells`, ARGUMENTS' order) and SwiGLU's options as the kernel takes them."""
+    launch: "moe.ChangingLaunch"
+    cells: "moe.CallCells"
+    options: tuple  # alpha_bits, beta_bits, limit_bits
+
+
+_launches = {}  # (dtype, scale kind, swiglu options, device index, stream) -> its QuantizerLaunch
 
 
 @functools.lru_cache(maxsize=None)
@@ -387,27 +395,32 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     work = tokens * (k // SF_VEC_SIZE) + rows * scale_width(k) // 4
     if work:
         index = moe.cuda_index(x)
-        layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
-        config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                      limit=limit is not None)
         stream = submission.current_stream_handle(index)
-        key = (config, index, stream)
-        launch = _launches.get(key)
-        if launch is None:
+        key = (x.dtype, kind, swiglu, index, stream)
+        entry = _launches.get(key)
+        if entry is None:
+            layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
+            config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
+                                          limit=limit is not None)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
-            launch = _launches.setdefault(key, moe.ChangingLaunch(host, {}, stream, ARGUMENTS.names))
-        offs32 = offs.to(torch.int32).contiguous()  # read as an array (no copy where it is one)
-        scale = global_scale.float() if global_scale is not None else None
-        values = dict(ptr_x=x.data_ptr(), ptr_offs=offs32.data_ptr(), ptr_packed=packed.data_ptr(),
-                      ptr_scales=blocked.data_ptr(), ptr_global=scale.data_ptr() if scale is not None else 0,
-                      tokens=tokens, k=k, experts=experts, rows=rows,
-                      ctas=min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index)),
-                      alpha_bits=f32_as_int32(alpha), beta_bits=f32_as_int32(beta),
-                      limit_bits=f32_as_int32(limit if limit is not None else 0.0))
+            cells = moe.CallCells(ARGUMENTS.names)
+            entry = _launches.setdefault(key, QuantizerLaunch(
+                moe.ChangingLaunch(host, {}, stream, ARGUMENTS.names, cells), cells,
+                (f32_as_int32(alpha), f32_as_int32(beta), f32_as_int32(limit if limit is not None else 0.0))))
+        offs32 = offs if offs.dtype == torch.int32 and offs.is_contiguous() else offs.to(torch.int32).contiguous()
+        scale = (global_scale if global_scale.dtype == torch.float32 else global_scale.float()) if (
+            global_scale is not None) else None
+        # ARGUMENTS' order: ptr_x, ptr_offs, ptr_packed, ptr_scales, ptr_global, tokens, k, experts, rows, ctas,
+        # alpha_bits, beta_bits, limit_bits
+        values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
+                  scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows,
+                  min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index))) + entry.options
+        entry.cells.write(values)
+        launch = entry.launch
         if index == torch.cuda.current_device():
-            launch(values)
+            launch.launch() if launch.reads_cells else launch(dict(zip(ARGUMENTS.names, values)))
         else:
             with torch.cuda.device(index):
-                launch(values)
+                launch.launch() if launch.reads_cells else launch(dict(zip(ARGUMENTS.names, values)))
     return packed, blocked.view(torch.float8_e4m3fn)

@@ -775,7 +775,8 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
     for other in (offs.long(), strided):
         got = mlp.quantize_tokens_device(x, other)
         assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
-@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (1.702, 1.0)], ids=["silu", "gpt-oss"])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (1.702, 1.0), (0.5, -1.0)],
+                         ids=["silu", "gpt-oss", "negative-beta"])
 @pytest.mark.parametrize("layout,limit", [("halves", None), ("interleaved", None), ("interleaved", 7.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(dtype, layout, limit, alpha, beta):

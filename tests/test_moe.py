@@ -690,22 +690,22 @@ def test_a_plans_launches_read_the_calls_arguments_from_one_set_of_cells():
             addresses = (ctypes.c_uint64 * len(self.spec.names)).from_address(packed)
 
             def launch():  # what the native function reads: each argument at its address, then the stream
-                seen.append(tuple(int.from_bytes(ctypes.string_at(at, width), "little")
+                seen.append(tuple(int.from_bytes(ctypes.string_at(at, width), "little", signed=True)
                                   for at, width in zip(addresses, self.spec.widths)))
             launch.storage, launch.packed = storage, packed
             return launch
-    cells = moe.CallCells(("ptr_offs", "tokens", "c_address"))
+    cells = moe.CallCells(("ptr_offs", "tokens", "c_address", "beta_bits"))
     hosts = [Host(("num_groups", "tokens", "ptr_offs", "c_address"), (4, 4, 8, 8)),
-             Host(("c_address", "ptr_offs", "ctas"), (8, 8, 4))]
+             Host(("c_address", "ptr_offs", "ctas", "beta_bits"), (8, 8, 4, 4))]
     launches = [moe.ChangingLaunch(host, {"num_groups": 8, "ctas": 132}, 7, cells.names, cells) for host in hosts]
-    first = {"ptr_offs": 64, "tokens": 5, "c_address": 4096}
+    first = {"ptr_offs": 64, "tokens": 5, "c_address": 4096, "beta_bits": -1082130432}  # fp32 -1.0's bits
     cells.write(tuple(first.values()))
     for launch in launches:
         launch(first)
     assert all(launch.reads_cells for launch in launches)
-    assert seen == [(8, 5, 64, 4096), (4096, 64, 132)]
+    assert seen == [(8, 5, 64, 4096), (4096, 64, 132, -1082130432)]
     seen.clear()
-    cells.write((128, 6, 8192))
+    cells.write((128, 6, 8192, 1065353216))
     for launch in launches:
         launch.launch()  # bound: no values passed
-    assert seen == [(8, 6, 128, 8192), (8192, 128, 132)] and [h.binds for h in hosts] == [1, 1]
+    assert seen == [(8, 6, 128, 8192), (8192, 128, 132, 1065353216)] and [h.binds for h in hosts] == [1, 1]

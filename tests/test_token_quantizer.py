@@ -63,3 +63,55 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
                 pytest.skip(str(error))
             assert report["spill_store_bytes"] == report["spill_load_bytes"] == report["stack_bytes"] == 0, (
                 name, report)
+
+
+def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound_once(monkeypatch):
+    """quantize_tokens' host path with the native host function stood in for (no GPU): the values the kernel
+    reads (each argument at its address, as the native function does) are the call's, in the jit signature's
+    order, SwiGLU's options as fp32 bits (negative ones too); a later call of the same kind on the same stream
+    rewrites them without binding again; another kind gets its own launch."""
+    import contextlib
+    import ctypes
+    import struct
+
+    import torch
+    from nvfp4_group_gemm import moe, submission, token_quantizer as tq
+    seen, binds = [], []
+
+    class Host:
+        def __init__(self, compiled, spec, device_index):
+            self.spec = spec
+
+        def bind(self, values, stream):
+            binds.append(1)
+            storage, packed = submission.pack_host_arguments(self.spec.ordered(values), stream, ())
+            addresses = (ctypes.c_uint64 * len(self.spec.names)).from_address(packed)
+
+            def launch():
+                seen.append({name: int.from_bytes(ctypes.string_at(at, width), "little", signed=True)
+                             for name, at, width in zip(self.spec.names, addresses, self.spec.widths)})
+            launch.storage, launch.packed = storage, packed
+            return launch
+    monkeypatch.setattr(tq, "_launches", {})
+    monkeypatch.setattr(tq, "compiled", lambda config, arch: config)
+    monkeypatch.setattr(submission, "HostFunction", Host)
+    monkeypatch.setattr(submission, "current_stream_handle", lambda index: 7)
+    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    monkeypatch.setattr(submission, "target_arch", lambda: "sm_90a")
+    monkeypatch.setattr(moe, "cuda_index", lambda tensor: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    bits = lambda value: struct.unpack("<i", struct.pack("<f", value))[0]
+    offs = torch.tensor([3, 10], dtype=torch.int32)
+    for call, tokens in enumerate((10, 12)):
+        h = torch.zeros(tokens, 512, dtype=torch.bfloat16)
+        packed, blocked = tq.quantize_tokens(h, offs, None, 256, swiglu=("interleaved", 1.702, -1.0, 7.0))
+        assert seen[-1] == dict(ptr_x=h.data_ptr(), ptr_offs=offs.data_ptr(), ptr_packed=packed.data_ptr(),
+                                ptr_scales=blocked.data_ptr(), ptr_global=0, tokens=tokens, k=256, experts=2,
+                                rows=256, ctas=seen[-1]["ctas"], alpha_bits=bits(1.702), beta_bits=bits(-1.0),
+                                limit_bits=bits(7.0))
+        assert seen[-1]["ctas"] >= 1 and len(binds) == 1
+    x = torch.zeros(12, 256, dtype=torch.float16)
+    scale = torch.ones(2)
+    packed, blocked = tq.quantize_tokens(x, offs, scale, 256)
+    assert len(binds) == 2 and seen[-1]["ptr_global"] == scale.data_ptr() and seen[-1]["beta_bits"] == 0
