@@ -43,9 +43,10 @@ Every launch overlaps the previous kernel's tail (programmatic dependent launch)
 global memory only from the plan's tables, which only host copies on the plan's stream write: the GEMM the
 problem sizes (its MMA warp, which never waits, reads nothing else) and, with `plan_ready`, the first
 descriptors; the builder the sizes and address tables. Everything else is read after the wait. Sizes, pointers
-and counts are run-time: one compile per configuration and architecture serves every shape set (`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a
-new input once and relaunches a known one with one call. Imports only torch, cutlass and `task` (the
-leaderboard copies only this file).
+and counts are run-time: one compile per configuration and architecture serves every shape set
+(`compile_grouped_gemm`). The host path (`GroupedGemmLauncher`) checks and tabulates a new input once and
+relaunches a known one with one call. Imports only torch, cutlass and `task` (the leaderboard copies only this
+file).
 """
 import ctypes
 import dataclasses

@@ -894,7 +894,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         stages, width = self.num_ab_stages, self.packed_k_bytes
         b_packed = cute.make_layout((WEIGHT_ROWS, width, stages), stride=(width, 1, WEIGHT_ROWS * width))
         return Sm90SmemLayouts(
-            tokens=sm90_utils.make_smem_layout_a(submission.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16, stages),
+            tokens=sm90_utils.make_smem_layout_a(submission.LayoutEnum.ROW_MAJOR, self.tile_mnk, cutlass.Float16,
+                                                 stages),
             b_packed=b_packed,
             sf=cute.make_layout((self.sf_stage_bytes, stages)))
 

@@ -58,7 +58,8 @@ def main(argv=None) -> int:
              for name, c in hopper.SM90_MOE_CONFIGS.items()}
     launched = hopper_policy.moe_forms(tokens, experts, n, k, sms)
     forms[AS_LAUNCHED] = None
-    print(f"T={tokens} E={experts} N={n} K={k} on {torch.cuda.get_device_name() if gpu else 'no sm_90 GPU: model only'}")
+    where = torch.cuda.get_device_name() if gpu else "no sm_90 GPU: model only"
+    print(f"T={tokens} E={experts} N={n} K={k} on {where}")
     totals = {name: [0.0, 0.0] for name in forms}
     for index, sizes in enumerate(routings):
         problem_sizes = [(m, n, k, 1) for m in sizes if m] or [(1, n, k, 1)]

@@ -72,7 +72,8 @@ def test_code_path_label():
     # conftest imported hopper and portable: their paths are registered
     hopper_policy = importlib.import_module("nvfp4_group_gemm.hopper_policy")
     portable = importlib.import_module("nvfp4_group_gemm.portable")
-    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_policy.PATH_HOPPER}.get(capability, portable.PATH_PORTABLE)
+    expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_policy.PATH_HOPPER}.get(capability,
+                                                                                      portable.PATH_PORTABLE)
     assert submission.code_path(torch.device("cuda")) == expected
 
 

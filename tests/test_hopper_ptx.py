@@ -117,7 +117,8 @@ def test_ptx_has_the_designed_instructions(report, name):
     # the last CTA sets the three counters back to zero
     producer, mma = gemm[:gemm.rindex("griddepcontrol.wait")], gemm[gemm.rindex("griddepcontrol.wait"):]
     # (DSL 4.5.2 puts a named barrier's id and count in registers; 4.8.1 writes them out)
-    tokens_barrier = rf"(?:{hopper.WARP_ROLES.tokens_ready_barrier}|%r\d+), (?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);"
+    tokens_barrier = (rf"(?:{hopper.WARP_ROLES.tokens_ready_barrier}|%r\d+), "
+                      rf"(?:{hopper.WARP_ROLES.tokens_ready_threads}|%r\d+);")
     assert len(re.findall(r"atom\.relaxed\.gpu\.global\.add\.u32", mma)) >= 1
     assert len(re.findall(r"red\.release\.gpu\.global\.add\.u32", mma)) == 1
     assert re.search(rf"fence\.proxy\.async;(?:(?!st\.global|ld\.shared|st\.shared).)*red\.release", mma, re.S)
@@ -217,7 +218,8 @@ def _kernel_ptx(configs, dump_dir) -> dict:
               "out = {}\n"
               "for name in sys.argv[1:]:\n"
               "    kernel = configs[name].make_kernel()\n"
-              "    out[name] = compile_gate.ptx_text(submission.compile_with_placeholders(kernel, submission.GEMM_ARGUMENTS))\n"
+              "    out[name] = compile_gate.ptx_text(\n"
+              "        submission.compile_with_placeholders(kernel, submission.GEMM_ARGUMENTS))\n"
               "    assert kernel.smem_bytes <= hopper.SMEM_CAPACITY\n"
               "print(json.dumps(out))\n")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,

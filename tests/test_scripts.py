@@ -128,7 +128,8 @@ def test_ab_table_prints_the_rounds_and_the_ratio(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
-    assert rows == [["0", "20.00", "20.00", "19.00", "19.00", "0.950"], ["1", "10.00", "10.00", "10.50", "10.50", "1.050"]]
+    assert rows == [["0", "20.00", "20.00", "19.00", "19.00", "0.950"],
+                    ["1", "10.00", "10.00", "10.50", "10.50", "1.050"]]
 
 
 SWEEP_HEAD = "      N     K     M  floor us   ours us  % floor bf16 floor    gmm us  % floor  vs gmm\n"
@@ -284,7 +285,8 @@ def test_racecheck_verdict_fails_reports_it_cannot_read_and_the_pattern_outside_
     assert done.returncode == 0, done.stdout + done.stderr
     done = pattern_verdict(with_lines(text, write_at, early_at, kernel=ring))
     assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
-    two = with_lines(text, *proven_pattern_lines()).replace("1 hazard displayed (1 error", "2 hazards displayed (2 errors")
+    two = with_lines(text, *proven_pattern_lines()).replace("1 hazard displayed (1 error",
+                                                            "2 hazards displayed (2 errors")
     done = run_verdict(tmp_path, two)
     assert done.returncode == 1 and "the summary counts 2 reports, 1 were read" in done.stdout, done.stdout
 
