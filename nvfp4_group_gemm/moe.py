@@ -420,51 +420,51 @@ def token_capacity(tokens: int) -> int:
 
 class CallCells:
     """A call's arguments (`names`, in order), 8 signed bytes each (a 4-byte one, negative too, in the low half),
-    in one array that several launches read (`ChangingLaunch` with `cells`): a call writes them once."""
+    in one array that several launches read (`ChangingLaunch`): a call writes them once."""
 
     def __init__(self, names):
         self.names = tuple(names)
         self.array = (ctypes.c_uint64 * len(self.names))()
-        self.write_at = struct.Struct(f"<{len(self.names)}q").pack_into
+        layout = struct.Struct(f"<{len(self.names)}q")
+        self.write_at, self.read_at = layout.pack_into, layout.unpack_from
 
     def write(self, values: tuple) -> None:
         self.write_at(self.array, 0, *values)
+
+    def values(self) -> dict:
+        """The arguments last written, by name."""
+        return dict(zip(self.names, self.read_at(self.array, 0)))
 
     def address(self, name: str) -> int:
         return ctypes.addressof(self.array) + 8 * self.names.index(name)
 
 
 class ChangingLaunch:
-    """A host function (`submission.HostFunction`) bound to `values` on `stream` at its first launch, whose
-    arguments `changing` names are set anew before each launch: in place, in the argument storage the launch
-    reads, where the host function owns it; else by binding again (the MoE plans' and the token quantizer's).
-    With `cells` (a `CallCells` holding every changing name), the bound launch reads those arguments from the
-    cells instead (`reads_cells`): once bound, call `launch` after writing them, with no values."""
+    """A host function (`submission.HostFunction`) bound to `values` on `stream`, whose arguments that `cells`
+    names (a `CallCells`) change from call to call: write the cells, then launch what `bind` returned."""
 
-    def __init__(self, host, values: dict, stream: int, changing, cells: Optional[CallCells] = None):
+    def __init__(self, host, values: dict, stream: int, cells: CallCells):
         self.host, self.values, self.stream, self.cells = host, dict(values), stream, cells
-        self.changing = [name for name in changing if name in host.spec.names]
-        self.launch, self.storage, self.slots, self.reads_cells = None, None, None, False
+        self.changing = [name for name in cells.names if name in host.spec.names]
 
-    def __call__(self, values: dict) -> None:
-        """Launch with `values` for the changing arguments (and maybe more)."""
-        storage = self.storage
+    def bind(self):
+        """A function launching with the cells' values at each call (written before the first): where the host
+        function owns the argument storage, its address array points at the cells for the changing arguments, so
+        a launch binds nothing; else (the DSL's own conversion) each launch binds again."""
+        values = {**self.values, **self.cells.values()}
+        launch = self.host.bind(values, self.stream)
+        storage = getattr(launch, "storage", None)
         if storage is None:
-            self.values.update(values)
-            self.launch = self.host.bind(self.values, self.stream)
-            self.storage = storage = getattr(self.launch, "storage", None)
-            self.slots = [(self.host.spec.names.index(name), name) for name in self.changing]
-            if storage is not None and self.cells is not None:
-                # the launch reads argument i at the address in entry i of its address array (`packed`)
-                first = (self.launch.packed - ctypes.addressof(storage)) // 8
-                for slot, name in self.slots:
-                    storage[first + slot] = self.cells.address(name)
-                self.reads_cells = True
-            self.launch()
-            return
-        for slot, name in self.slots:
-            storage[slot] = values[name]
-        self.launch()
+            pending = [launch]  # bound for the first call
+
+            def rebind():
+                (pending.pop() if pending else self.host.bind({**self.values, **self.cells.values()}, self.stream))()
+            return rebind
+        # the launch reads argument i at the address in entry i of its address array (`packed`)
+        first = (launch.packed - ctypes.addressof(storage)) // 8
+        for name in self.changing:
+            storage[first + self.host.spec.names.index(name)] = self.cells.address(name)
+        return launch
 
 
 # The host functions' arguments a MoE call supplies (`KernelPlan.launch` writes them in this order); the plan
@@ -527,7 +527,7 @@ class KernelPlan:
             self.one_wave_ctas = hopper_policy.moe_one_wave_ctas(tokens, experts, n, submission.sm_count(device_index))
             plan["one_wave_ctas"] = self.one_wave_ctas
         # each form's host functions in launch order, with the plan's values; bound now where the call adds none,
-        # else at the first call, reading the call's arguments from `cells` where they can
+        # else at the first call (`ChangingLaunch`), reading the call's arguments from `cells`
         self.cells, self.launches, self.bound = CallCells(CALL_ARGUMENTS), [], None
         for i, (config, form) in enumerate(zip(configs, compiled)):
             tiles = moe_tables.most_tiles(tokens, experts, n, config)
@@ -538,8 +538,8 @@ class KernelPlan:
             for name in form.functions:
                 function = form.host_function(name, device_index)
                 per_call = any(arg in CALL_ARGUMENTS for arg in function.spec.names)
-                self.launches.append((ChangingLaunch(function, values, stream, CALL_ARGUMENTS, self.cells), True)
-                                     if per_call else (function.bind(values, stream), False))
+                self.launches.append(ChangingLaunch(function, values, stream, self.cells) if per_call
+                                     else function.bind(values, stream))
 
     def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
         """On the plan's stream, each form's host functions (`host_functions`) in order, with this call's
@@ -555,18 +555,12 @@ class KernelPlan:
                   0 if a_global is None else int(a_global.dim() == 1),
                   0 if b_global is None else b_global.data_ptr(), 0 if b_global is None else int(b_global.dim() == 1))
         self.cells.write(values)
-        if self.bound is not None:  # every launch bound, reading the cells where it takes the call's arguments
-            for launch in self.bound:
-                launch()
-            return
-        call = dict(zip(CALL_ARGUMENTS, values))
-        for launch, per_call in self.launches:
-            if per_call:
-                launch(call)  # this call's arguments into the storage its launches read
-            else:
-                launch()  # bound when the plan was made
-        if all(launch.reads_cells for launch, per_call in self.launches if per_call):
-            self.bound = [launch.launch if per_call else launch for launch, per_call in self.launches]
+        bound = self.bound
+        if bound is None:
+            bound = self.bound = [launch.bind() if isinstance(launch, ChangingLaunch) else launch
+                                  for launch in self.launches]
+        for launch in bound:
+            launch()
 
     @property
     def nbytes(self) -> int:

@@ -19,7 +19,7 @@ scale kind and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte 
 import dataclasses
 import functools
 import struct
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -341,12 +341,21 @@ def compiled(config: TokenQuantizerConfig, arch: str):
     return submission.compile_with_placeholders(TokenQuantizer(config).__call__, ARGUMENTS)
 
 
-class QuantizerLaunch(NamedTuple):
-    """What calls of one kind (`quantize_tokens`' key) share on one stream: the launch, the cells it reads the
-    call's arguments from (`moe.CallCells`, ARGUMENTS' order) and SwiGLU's options as the kernel takes them."""
-    launch: "moe.ChangingLaunch"
-    cells: "moe.CallCells"
-    options: tuple  # alpha_bits, beta_bits, limit_bits
+class QuantizerLaunch:
+    """What calls of one kind (`quantize_tokens`' key) share on one stream: the cells the launch reads the
+    call's arguments from (`moe.CallCells`, ARGUMENTS' order), SwiGLU's options as the kernel takes them, and the
+    launch, bound at the first call (`moe.ChangingLaunch`)."""
+
+    def __init__(self, host, stream: int, options: tuple):
+        self.cells = moe.CallCells(ARGUMENTS.names)
+        self.options = options  # alpha_bits, beta_bits, limit_bits
+        self.changing, self.launch = moe.ChangingLaunch(host, {}, stream, self.cells), None
+
+    def __call__(self, values: tuple) -> None:
+        self.cells.write(values)
+        if self.launch is None:
+            self.launch = self.changing.bind()
+        self.launch()
 
 
 _launches = {}  # (dtype, scale kind, swiglu options, device index, stream) -> its QuantizerLaunch
@@ -386,7 +395,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     """The kernel's (packed, scales) for a call `runs_on` takes (the caller checked the arguments): new tensors,
     launched on the current stream, nothing read on the host. `swiglu` (layout, alpha, beta, limit or None):
     quantize `mlp.swiglu` of x ((T, 2K): gate and up) instead of x, in the same kernel. A (configuration, device,
-    stream) keeps its launch, whose arguments each call rewrites in place (`moe.ChangingLaunch`)."""
+    stream) keeps its launch, whose arguments each call writes to its cells (`QuantizerLaunch`)."""
     tokens, k = x.shape[0], x.shape[1] // (2 if swiglu else 1)
     experts = offs.numel()
     packed = torch.empty(tokens, k // 2, dtype=torch.uint8, device=x.device)
@@ -404,10 +413,8 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
                                           limit=limit is not None)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
-            cells = moe.CallCells(ARGUMENTS.names)
-            entry = _launches.setdefault(key, QuantizerLaunch(
-                moe.ChangingLaunch(host, {}, stream, ARGUMENTS.names, cells), cells,
-                (f32_as_int32(alpha), f32_as_int32(beta), f32_as_int32(limit if limit is not None else 0.0))))
+            entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (
+                f32_as_int32(alpha), f32_as_int32(beta), f32_as_int32(limit if limit is not None else 0.0))))
         offs32 = offs if offs.dtype == torch.int32 and offs.is_contiguous() else offs.to(torch.int32).contiguous()
         scale = (global_scale if global_scale.dtype == torch.float32 else global_scale.float()) if (
             global_scale is not None) else None
@@ -416,11 +423,9 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows,
                   min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index))) + entry.options
-        entry.cells.write(values)
-        launch = entry.launch
         if index == torch.cuda.current_device():
-            launch.launch() if launch.reads_cells else launch(dict(zip(ARGUMENTS.names, values)))
+            entry(values)
         else:
             with torch.cuda.device(index):
-                launch.launch() if launch.reads_cells else launch(dict(zip(ARGUMENTS.names, values)))
+                entry(values)
     return packed, blocked.view(torch.float8_e4m3fn)

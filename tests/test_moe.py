@@ -639,37 +639,31 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
     assert moe.forms_for((9, 0), 512, hopper.MOE_MAX_EXPERTS + 1, 4096, 1536, 132, False, None) is None
 
 
-def test_a_plans_per_call_arguments_are_rewritten_in_place_not_bound_again():
-    """moe.ChangingLaunch: the first launch binds every value; later ones write only the changing
-    arguments into the argument storage the launch reads (where the host function owns one) and launch, without
-    binding again; where it owns none (the DSL's own conversion), each launch binds again."""
+def test_a_launch_without_its_own_argument_storage_binds_again_from_the_cells_each_call():
+    """moe.ChangingLaunch where the host function owns no argument storage (the DSL's own conversion): the first
+    launch uses the first binding, each later one binds again with the values the cells hold then."""
     import ctypes
     from nvfp4_group_gemm import submission
-    spec = submission.ArgumentSpec(("ptr_offs", "num_groups", "c_address"), (8, 4, 8, 8), (None,) * 3)
+    spec = submission.ArgumentSpec(("ptr_offs", "num_groups", "c_address"), (8, 4, 8), (None,) * 3)
     seen = []
 
     class Host:
-        def __init__(self, owns_storage):
-            self.spec, self.owns, self.binds = spec, owns_storage, 0
+        def __init__(self):
+            self.spec, self.binds = spec, 0
 
         def bind(self, values, stream):
             self.binds += 1
-            storage = (ctypes.c_uint64 * 4)(*spec.ordered(values), stream)
-
-            def launch():
-                seen.append(tuple(storage))
-            if self.owns:
-                launch.storage = storage
-            return launch
-    for owns in (True, False):
-        seen.clear()
-        host = Host(owns)
-        launch = moe.ChangingLaunch(host, {"num_groups": 8, "ptr_offs": 0, "c_address": 0}, 7,
-                                    ("ptr_offs", "c_address", "tokens"))
-        launch({"ptr_offs": 64, "c_address": 4096, "tokens": 5})
-        launch({"ptr_offs": 128, "c_address": 8192, "tokens": 6})
-        assert seen == [(64, 8, 4096, 7), (128, 8, 8192, 7)]
-        assert host.binds == (1 if owns else 2)
+            storage = (ctypes.c_int64 * 4)(*spec.ordered(values), stream)
+            return lambda: seen.append(tuple(storage))
+    host = Host()
+    cells = moe.CallCells(("ptr_offs", "c_address", "tokens"))
+    cells.write((64, 4096, 5))
+    launch = moe.ChangingLaunch(host, {"num_groups": 8}, 7, cells).bind()
+    launch()
+    cells.write((128, 8192, -6))
+    launch()
+    assert seen == [(64, 8, 4096, 7), (128, 8, 8192, 7)] and host.binds == 2
+    assert cells.values() == {"ptr_offs": 128, "c_address": 8192, "tokens": -6}
 
 
 def test_a_plans_launches_read_the_calls_arguments_from_one_set_of_cells():
@@ -697,15 +691,13 @@ def test_a_plans_launches_read_the_calls_arguments_from_one_set_of_cells():
     cells = moe.CallCells(("ptr_offs", "tokens", "c_address", "beta_bits"))
     hosts = [Host(("num_groups", "tokens", "ptr_offs", "c_address"), (4, 4, 8, 8)),
              Host(("c_address", "ptr_offs", "ctas", "beta_bits"), (8, 8, 4, 4))]
-    launches = [moe.ChangingLaunch(host, {"num_groups": 8, "ctas": 132}, 7, cells.names, cells) for host in hosts]
-    first = {"ptr_offs": 64, "tokens": 5, "c_address": 4096, "beta_bits": -1082130432}  # fp32 -1.0's bits
-    cells.write(tuple(first.values()))
+    cells.write((64, 5, 4096, -1082130432))  # beta_bits: fp32 -1.0's bits
+    launches = [moe.ChangingLaunch(host, {"num_groups": 8, "ctas": 132}, 7, cells).bind() for host in hosts]
     for launch in launches:
-        launch(first)
-    assert all(launch.reads_cells for launch in launches)
+        launch()
     assert seen == [(8, 5, 64, 4096), (4096, 64, 132, -1082130432)]
     seen.clear()
     cells.write((128, 6, 8192, 1065353216))
     for launch in launches:
-        launch.launch()  # bound: no values passed
+        launch()
     assert seen == [(8, 6, 128, 8192), (8192, 128, 132, 1065353216)] and [h.binds for h in hosts] == [1, 1]
