@@ -9,7 +9,8 @@ divisions), clamped to [2^-6, 448], rounded to E4M3; each value divided by that 
 then E2M1's code by the steps of `moe.E2M1_STEPS` (nearest, ties to the even code). Rows past offs[-1] are
 quantized with the last expert's scale and their scale bytes are not stored, as `mlp.quantize_tokens_device`'s
 torch composition does. (One difference: a block holding NaN takes its scale from its other values, where
-torch's amax is NaN.)
+torch's amax is NaN.) The kernel divides no value: it counts the steps on |x| against thresholds made once a
+block (`step_thresholds`), which select exactly the values whose fp32 quotient passes each step.
 
 Work: each thread takes 16-value blocks of x (two 16-byte loads, one 8-byte store of codes, one scale byte at
 its blocked place), then 4-byte words of the scale buffer's padding (the rows of no token: zeros), grid-stride.
@@ -48,7 +49,6 @@ F32, U32 = cutlass.Float32, cutlass.Uint32
 
 def f32_bits(value: float) -> str:
     """`value` as a PTX fp32 literal (0fXXXXXXXX)."""
-    import struct
     return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
 
 
@@ -64,6 +64,57 @@ CODE_PTX = ("{\n\t.reg .f32 q, m;\n\t.reg .pred p;\n\t.reg .u32 c, s;\n\t"
 @cute.jit
 def e2m1_code(x: cutlass.Float32, scale: cutlass.Float32) -> cutlass.Uint32:
     return ptx(U32, [x, scale], CODE_PTX, "=r,f,f")
+
+
+def e2m1_boundary(step: float, up_on_tie: bool) -> float:
+    """The real quotient q from which fp32's rounding of q counts `step` (`moe.E2M1_STEPS`): the midpoint of
+    the step and its fp32 neighbour below (a tie rounds to the step: counted) or above (a tie rounds to the
+    step: not counted), exact as a Python float (25 significant bits)."""
+    bits = struct.unpack("<I", struct.pack("<f", step))[0]
+    neighbour = struct.unpack("<f", struct.pack("<I", bits - 1 if up_on_tie else bits + 1))[0]
+    return (step + neighbour) / 2
+
+
+# Each step's threshold on |x| for a block of scale s: boundary x s, exact in fp64 (25 + 24 bits), rounded to
+# fp32 up (|x| >= it counts a step a tie rounds up on) or down (|x| > it counts the others): fp32's rounding of
+# |x| / s passes a step exactly when |x| passes its threshold, so the codes need no division per value
+THRESHOLD_PTX = ("{\n\t.reg .f64 r;\n\t.reg .f32 f;\n\tmul.rn.f64 r, $1, %s;\n\tcvt.%s.f32.f64 f, r;\n\t"
+                 "mov.b32 $0, f;\n\t}")
+# One value's E2M1 code from the bits of x and the step thresholds' ($2..$8): non-negative fp32 values order as
+# their bits do, so each step is an unsigned compare; NaN is code 0 with no sign (as div.rn's canonical NaN)
+THRESHOLD_CODE_PTX = ("{\n\t.reg .u32 w, m, c, s;\n\t.reg .pred p;\n\tmov.b32 w, $1;\n\t"
+                      "and.b32 m, w, 0x7FFFFFFF;\n\tsetp.gt.u32 p, m, 0x7F800000;\n\t@p mov.u32 w, 0;\n\t"
+                      "@p mov.u32 m, 0;\n\tmov.u32 c, 0;\n\t"
+                      + "".join(f"setp.{'ge' if up else 'gt'}.u32 p, m, ${i + 2};\n\t@p add.u32 c, c, 1;\n\t"
+                                for i, (_, up) in enumerate(E2M1_STEPS))
+                      + "shr.u32 s, w, 31;\n\tshl.b32 s, s, 3;\n\tor.b32 $0, c, s;\n\t}")
+
+
+def f64_bits(value: float) -> str:
+    """`value` as a PTX fp64 literal (0dXXXXXXXXXXXXXXXX)."""
+    return "0d%016X" % struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+@cute.jit
+def step_thresholds(scale: cutlass.Float32) -> list:
+    """The seven step thresholds (`THRESHOLD_PTX`) of a block whose scale is `scale` (positive, finite), as
+    the bits of their fp32 values."""
+    wide = ptx(cutlass.Float64, [scale], "cvt.f64.f32 $0, $1;", "=d,f")
+    return [ptx(U32, [wide], THRESHOLD_PTX % (f64_bits(e2m1_boundary(step, up)), "rp" if up else "rm"), "=r,d")
+            for step, up in E2M1_STEPS]
+
+
+@cute.jit
+def e2m1_code_by_thresholds(x: cutlass.Float32, thresholds: list) -> cutlass.Uint32:
+    """`e2m1_code(x, scale)` from `step_thresholds(scale)`: the same code, with no division."""
+    return ptx(U32, [x] + thresholds, THRESHOLD_CODE_PTX, "=r,f" + ",r" * len(thresholds))
+
+
+@cute.jit
+def positive_finite(value: cutlass.Float32) -> cutlass.Uint32:
+    """1 where 0 < value < inf, else 0 (NaN too)."""
+    return ptx(U32, [value], "{\n\t.reg .pred p;\n\tsetp.gt.f32 p, $1, 0f00000000;\n\t"
+               "@p setp.lt.f32 p, $1, 0f7F800000;\n\tselp.u32 $0, 1, 0, p;\n\t}", "=r,f")
 
 
 @cute.jit
@@ -229,11 +280,19 @@ class TokenQuantizer:
         if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
             block_scale = block_scale * decode
         codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
-        for half in cutlass.range_constexpr(2):
-            word = cutlass.Uint32(0)
-            for i in cutlass.range_constexpr(8):
-                word = word | (e2m1_code(values[8 * half + i], block_scale) << (4 * i))
-            codes[half] = word
+        if positive_finite(block_scale) != 0:  # every block but one of a decode scale <= 0, inf or NaN
+            thresholds = step_thresholds(block_scale)
+            for half in cutlass.range_constexpr(2):
+                word = cutlass.Uint32(0)
+                for i in cutlass.range_constexpr(8):
+                    word = word | (e2m1_code_by_thresholds(values[8 * half + i], thresholds) << (4 * i))
+                codes[half] = word
+        else:  # fp32's division itself, whatever it makes of such a scale
+            for half in cutlass.range_constexpr(2):
+                word = cutlass.Uint32(0)
+                for i in cutlass.range_constexpr(8):
+                    word = word | (e2m1_code(values[8 * half + i], block_scale) << (4 * i))
+                codes[half] = word
         cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
         if group < experts:
             first = cutlass.Int32(0)
