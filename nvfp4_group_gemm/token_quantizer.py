@@ -9,8 +9,9 @@ divisions), clamped to [2^-6, 448], rounded to E4M3; each value divided by that 
 then E2M1's code by the steps of `moe.E2M1_STEPS` (nearest, ties to the even code). Rows past offs[-1] are
 quantized with the last expert's scale and their scale bytes are not stored, as `mlp.quantize_tokens_device`'s
 torch composition does. (One difference: a block holding NaN takes its scale from its other values, where
-torch's amax is NaN.) The kernel divides no value: it counts the steps on |x| against thresholds made once a
-block (`step_thresholds`), which select exactly the values whose fp32 quotient passes each step.
+torch's amax is NaN, and a NaN's code is the zero of its sign.) The kernel divides no value: it counts the
+steps |x| reaches against thresholds made once a block (`step_thresholds`), which select exactly the values
+whose fp32 quotient passes each step.
 
 Work: each thread takes 16-value blocks of x (two 16-byte loads, one 8-byte store of codes, one scale byte at
 its blocked place), then 4-byte words of the scale buffer's padding (the rows of no token: zeros), grid-stride.
@@ -76,18 +77,20 @@ def e2m1_boundary(step: float, up_on_tie: bool) -> float:
 
 
 # Each step's threshold on |x| for a block of scale s: boundary x s, exact in fp64 (25 + 24 bits), rounded to
-# fp32 up (|x| >= it counts a step a tie rounds up on) or down (|x| > it counts the others): fp32's rounding of
-# |x| / s passes a step exactly when |x| passes its threshold, so the codes need no division per value
-THRESHOLD_PTX = ("{\n\t.reg .f64 r;\n\t.reg .f32 f;\n\tmul.rn.f64 r, $1, %s;\n\tcvt.%s.f32.f64 f, r;\n\t"
-                 "mov.b32 $0, f;\n\t}")
-# One value's E2M1 code from the bits of x and the step thresholds' ($2..$8): non-negative fp32 values order as
-# their bits do, so each step is an unsigned compare; NaN is code 0 with no sign (as div.rn's canonical NaN)
-THRESHOLD_CODE_PTX = ("{\n\t.reg .u32 w, m, c, s;\n\t.reg .pred p;\n\tmov.b32 w, $1;\n\t"
-                      "and.b32 m, w, 0x7FFFFFFF;\n\tsetp.gt.u32 p, m, 0x7F800000;\n\t@p mov.u32 w, 0;\n\t"
-                      "@p mov.u32 m, 0;\n\tmov.u32 c, 0;\n\t"
-                      + "".join(f"setp.{'ge' if up else 'gt'}.u32 p, m, ${i + 2};\n\t@p add.u32 c, c, 1;\n\t"
-                                for i, (_, up) in enumerate(E2M1_STEPS))
-                      + "shr.u32 s, w, 31;\n\tshl.b32 s, s, 3;\n\tor.b32 $0, c, s;\n\t}")
+# fp32 up for a step a tie rounds up on, else down and then to the next fp32 above (|x| > t is |x| >= next(t)):
+# fp32's rounding of |x| / s passes a step exactly when |x| >= its threshold, so the codes need no division
+THRESHOLD_PTX = {True: "{\n\t.reg .f64 r;\n\tmul.rn.f64 r, $1, %s;\n\tcvt.rp.f32.f64 $0, r;\n\t}",
+                 False: ("{\n\t.reg .f64 r;\n\t.reg .f32 f;\n\t.reg .u32 u;\n\tmul.rn.f64 r, $1, %s;\n\t"
+                         "cvt.rm.f32.f64 f, r;\n\tmov.b32 u, f;\n\tadd.u32 u, u, 1;\n\tmov.b32 $0, u;\n\t}")}
+# One value's E2M1 code from x ($1) and the seven thresholds ($2..$8, ascending): how many |x| reaches, by a
+# three-level search (4, 2, 1), and x's sign bit as bit 3. NaN reaches none: code 0, or 8 with its sign bit set
+# (div.rn's NaN has none: such a value's zero keeps x's sign here; its block's scale differs from torch's anyway)
+THRESHOLD_CODE_PTX = ("{\n\t.reg .f32 a, t, u;\n\t.reg .u32 c, s;\n\t.reg .pred p, q, r;\n\t"
+                      "abs.f32 a, $1;\n\tsetp.ge.f32 p, a, $5;\n\tselp.u32 c, 4, 0, p;\n\t"
+                      "selp.f32 t, $7, $3, p;\n\tsetp.ge.f32 q, a, t;\n\t@q add.u32 c, c, 2;\n\t"
+                      "selp.f32 t, $8, $6, q;\n\tselp.f32 u, $4, $2, q;\n\tselp.f32 t, t, u, p;\n\t"
+                      "setp.ge.f32 r, a, t;\n\t@r add.u32 c, c, 1;\n\t"
+                      "mov.b32 s, $1;\n\tshr.u32 s, s, 31;\n\tshl.b32 s, s, 3;\n\tor.b32 $0, c, s;\n\t}")
 
 
 def f64_bits(value: float) -> str:
@@ -97,17 +100,16 @@ def f64_bits(value: float) -> str:
 
 @cute.jit
 def step_thresholds(scale: cutlass.Float32) -> list:
-    """The seven step thresholds (`THRESHOLD_PTX`) of a block whose scale is `scale` (positive, finite), as
-    the bits of their fp32 values."""
+    """The seven step thresholds (`THRESHOLD_PTX`) of a block whose scale is `scale` (positive, finite)."""
     wide = ptx(cutlass.Float64, [scale], "cvt.f64.f32 $0, $1;", "=d,f")
-    return [ptx(U32, [wide], THRESHOLD_PTX % (f64_bits(e2m1_boundary(step, up)), "rp" if up else "rm"), "=r,d")
+    return [ptx(F32, [wide], THRESHOLD_PTX[up] % f64_bits(e2m1_boundary(step, up)), "=f,d")
             for step, up in E2M1_STEPS]
 
 
 @cute.jit
 def e2m1_code_by_thresholds(x: cutlass.Float32, thresholds: list) -> cutlass.Uint32:
-    """`e2m1_code(x, scale)` from `step_thresholds(scale)`: the same code, with no division."""
-    return ptx(U32, [x] + thresholds, THRESHOLD_CODE_PTX, "=r,f" + ",r" * len(thresholds))
+    """`e2m1_code(x, scale)` from `step_thresholds(scale)`: the same code (a NaN's aside), with no division."""
+    return ptx(U32, [x] + thresholds, THRESHOLD_CODE_PTX, "=r,f" + ",f" * len(thresholds))
 
 
 @cute.jit

@@ -52,11 +52,10 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
         # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
         assert count(r"st\.global\.(?:v2\.(?:u32|b32)|b64)") == 1 and count(r"st\.global\.(?:u8|b8)") == 1, name
         assert count(r"st\.global\.(?:u32|b32)\s") == 1, name  # a padding word
-        # the 16 values' codes from the block's seven step thresholds (fp64 products rounded up or down to fp32,
-        # then an unsigned compare each and one for NaN), the division kept for a scale that is not positive
-        # and finite
+        # the 16 values' codes from the block's seven step thresholds (fp64 products rounded up or down to fp32),
+        # three compares each; the division kept for a scale that is not positive and finite
         assert count(r"cvt\.rp\.f32\.f64") == 3 and count(r"cvt\.rm\.f32\.f64") == 4, name
-        assert count(r"mul\.rn\.f64") == 7 and count(r"setp\.g[et]\.u32 p, m, ") == 16 * 8, name
+        assert count(r"mul\.rn\.f64") == 7 and count(r"setp\.ge\.f32 [pqr], a, ") == 16 * 3, name
         assert count(r"div\.rn\.f32") == 1 + scaled + 16, name
         assert count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1 and count(r"cvt\.rn\.f16x2\.e4m3x2") == 1, name
         assert count(r"cvt\.f32\.f16") == (1 + 16 if "fp16" in name else 1), name
@@ -124,11 +123,12 @@ def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound
 
 
 def test_the_step_thresholds_give_the_codes_fp32s_division_gives():
-    """The quantizer's codes without a division per value (token_quantizer.THRESHOLD_PTX, emulated here): for a
-    block scale s > 0, finite, each E2M1 step counted where |x| passes the step's boundary x s (exact in fp64)
-    rounded to fp32 up (ties up) or down, comparing bits; NaN code 0 with no sign. Equal to counting the steps of
-    fp32's x / s (moe.e2m1_codes, as torch divides) for values within a few ulps of every boundary at scales
-    from denormal to 2^120, and for zeros, infinities and NaN."""
+    """The quantizer's codes without a division per value (token_quantizer.THRESHOLD_PTX and THRESHOLD_CODE_PTX,
+    emulated here): for a block scale s > 0, finite, each step's boundary x s (exact in fp64) rounded to fp32 up
+    where a tie rounds up, else down and then to the next fp32 above; a value's code how many of these |x|
+    reaches (a three-level search), its sign bit x's. Equal to counting the steps of fp32's x / s
+    (moe.e2m1_codes, as torch divides) for values within a few ulps of every boundary at scales from denormal
+    to 2^120, and for zeros and infinities; a NaN gets the zero of its sign."""
     import torch
     from nvfp4_group_gemm import moe, token_quantizer as tq
     boundaries = torch.tensor([tq.e2m1_boundary(t, up) for t, up in moe.E2M1_STEPS], dtype=torch.float64)
@@ -140,17 +140,21 @@ def test_the_step_thresholds_give_the_codes_fp32s_division_gives():
         back = nearest.double()
         rounded_up = torch.where(back < exact, torch.nextafter(nearest, torch.tensor(float("inf"))), nearest)
         rounded_down = torch.where(back > exact, torch.nextafter(nearest, torch.tensor(float("-inf"))), nearest)
-        thresholds = torch.where(up, rounded_up, rounded_down).view(torch.int32).long()
-        w = x.view(torch.int32).long() & 0xFFFFFFFF
-        nan = (w & 0x7FFFFFFF) > 0x7F800000
-        w = torch.where(nan, 0, w)
-        m = (w & 0x7FFFFFFF).view(-1, 1)
-        count = torch.where(up, m >= thresholds, m > thresholds).sum(1)
-        return (count | ((w >> 31) << 3)).to(torch.uint8)
+        above = (rounded_down.view(torch.int32) + 1).view(torch.float32)
+        u = torch.where(up, rounded_up, above)  # (n, 7), ascending
+        a = x.abs()
+        p = a >= u[:, 3]
+        code = torch.where(p, 4, 0)
+        q = a >= torch.where(p, u[:, 5], u[:, 1])
+        code = code + torch.where(q, 2, 0)
+        r = a >= torch.where(p, torch.where(q, u[:, 6], u[:, 4]), torch.where(q, u[:, 2], u[:, 0]))
+        code = code + r.long()
+        return (code | (torch.signbit(x).long() << 3)).to(torch.uint8)
 
     def by_division(x, s):
         q = x / s
-        return torch.where(q.isnan(), 0, moe.e2m1_codes(q).long()).to(torch.uint8)  # div.rn's NaN: no sign
+        nan = (torch.signbit(x).long() << 3).to(torch.uint8)
+        return torch.where(q.isnan(), nan, moe.e2m1_codes(q))
     g = torch.Generator().manual_seed(0)
     n = 400_000
     s = ((torch.rand(n, generator=g, dtype=torch.float64) + 0.5)
@@ -162,7 +166,8 @@ def test_the_step_thresholds_give_the_codes_fp32s_division_gives():
     x = (near + ulps).clamp(0, 0x7F7FFFFF).view(torch.float32)
     x = torch.where(torch.rand(len(s), generator=g) < 0.5, -x, x)
     assert torch.equal(by_thresholds(x, s), by_division(x, s))
-    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, 3.4e38, -3.4e38])
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, 3.4e38,
+                             -3.4e38])
     for scale in (1.0, 2.0 ** -6, 448.0, 1e-38, 1e-45, 3e38):
         s = torch.full(specials.shape, scale)
         assert torch.equal(by_thresholds(specials, s), by_division(specials, s)), scale
