@@ -29,8 +29,8 @@ print(json.dumps(out))
 def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_path):
     """Per 16-value block: two 16-byte token loads, one 8-byte store of codes, one scale byte; IEEE divisions
     (amax / 6, by the decode scale where there is one); the codes by step thresholds (and by division for a
-    scale that is not positive and finite); one E4M3 rounding and its value back; the padding as 4-byte zero stores; the groups found by one warp's shuffles
-    after which the CTA synchronizes once."""
+    scale that is not positive and finite); one E4M3 rounding and its value back; the padding as 4-byte zero
+    stores; the groups found by one warp's shuffles after which the CTA synchronizes once."""
     pytest.importorskip("cutlass")
     env = dict(env_for(install), CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
