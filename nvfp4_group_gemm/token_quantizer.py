@@ -215,12 +215,28 @@ class TokenQuantizer:
         token_blocks = tokens * blocks_per_row
         words_per_row = blocks_per_row // 4
         work = token_blocks + rows * words_per_row
-        for item in cutlass.range(block * THREADS + tidx, work, grid * THREADS, unroll=1):
+        stride = grid * THREADS
+        first = block * THREADS + tidx
+        # a thread's token blocks come in row order: each one's row, column and group follow from the one
+        # before (no division or search per block; ends[E] is past every row)
+        row = first // blocks_per_row
+        column = first - row * blocks_per_row
+        step_rows = stride // blocks_per_row
+        step_columns = stride - step_rows * blocks_per_row
+        group = self.group_of(ends, experts, row)
+        for item in cutlass.range(first, work, stride, unroll=1):
             if item < token_blocks:
-                self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item,
-                                    blocks_per_row, swiglu)
+                while ends[group] <= row:
+                    group += 1
+                self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item, row, column,
+                                    group, blocks_per_row, swiglu)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
+            row += step_rows
+            column += step_columns
+            if column >= blocks_per_row:
+                column -= blocks_per_row
+                row += 1
 
     @cute.jit
     def find_groups(self, offs, experts, tokens, ends, scale_rows):
@@ -239,6 +255,7 @@ class TokenQuantizer:
             carried = cute.arch.shuffle_sync(end, 31)
         if lane == 0:
             scale_rows[experts] = carried_rows
+            ends[experts] = cutlass.Int32(2 ** 31 - 1)  # past every row: a forward search for a row's group ends
 
     @cute.jit
     def group_of(self, table, experts, value):
@@ -253,13 +270,11 @@ class TokenQuantizer:
         return low
 
     @cute.jit
-    def quantize_block(self, x, packed, scales, global_scale, ends, scale_rows, experts, item, blocks_per_row,
-                       swiglu):
-        """16 values of x (or of SwiGLU of x: `block_values`): their scale (to its blocked place, for a row of a
-        group) and their codes."""
-        row = item // blocks_per_row
-        column = item - row * blocks_per_row
-        group = self.group_of(ends, experts, row)  # E for a row past offs[-1]
+    def quantize_block(self, x, packed, scales, global_scale, ends, scale_rows, experts, item, row, column, group,
+                       blocks_per_row, swiglu):
+        """16 values of x (or of SwiGLU of x: `block_values`), block `item` (row `row`, column `column`, in
+        group `group`: E for a row past offs[-1]): their scale (to its blocked place, for a row of a group) and
+        their codes."""
         values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
         amax = cutlass.Float32(0.0)
         for v in values:
