@@ -16,8 +16,9 @@ whose fp32 quotient passes each step.
 Work: each thread takes 16-value blocks of x (two 16-byte loads, one 8-byte store of codes, one scale byte at
 its blocked place), then 4-byte words of the scale buffer's padding (the rows of no token: zeros), grid-stride.
 Every CTA first finds the groups from offs (one warp: `moe_tables.clamped_bounds`, a scan of the rows rounded
-up to 128) into shared memory; a row's group is a binary search there. Compiled once per token type, decode
-scale kind and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row)."""
+up to 128) into shared memory; a thread's first row's group is a binary search there, each later one's a
+search forward from the last (its blocks come in row order). Compiled once per token type, decode scale kind
+and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row)."""
 import dataclasses
 import functools
 import struct
