@@ -1440,10 +1440,15 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                     warpgroup.commit_group()
                 warpgroup.wait_group(1)  # the previous stage's wgmma is done: release its stage
                 if buffer == 1 or k_pair > 0:
+                    # this thread's generic reads of the stage (packed B, SFB) ordered before the next TMA
+                    # write to it (async proxy): PTX's memory model asks for the proxy fence, the barrier
+                    # alone does not order across proxies
+                    fence_generic_async(".shared::cta")
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
                 state.advance()
         warpgroup.wait_group(0)
+        fence_generic_async(".shared::cta")
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
         return state, release_state

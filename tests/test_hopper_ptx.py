@@ -137,6 +137,14 @@ def test_ptx_has_the_designed_instructions(report, name):
     passes = sum(-(-width // hopper.EPILOGUE_TOKENS) for width in config.token_widths)
     per_pass = min(hopper.EPILOGUE_TOKENS, config.tile_m) * 64 // 8 // 128
     assert len(re.findall(r"st\.global\.v4", mma[mma.index("bar.arrive"):])) == passes * per_pass
+    # every stage release (the MMA warps' mbarrier arrives) comes after the cross-proxy fence, with no shared
+    # read between: this thread's generic reads of the stage (packed B, SFB) ordered before the next TMA write
+    arrives = [m.start() for m in re.finditer(r"mbarrier\.arrive[^;]*;", mma)]
+    fences = [m.start() for m in re.finditer(r"fence\.proxy\.async\.shared::cta;", mma)]
+    assert arrives and len(fences) == len(arrives)
+    for at in arrives:
+        last_fence = max((f for f in fences if f < at), default=None)
+        assert last_fence is not None and "ld.shared" not in mma[last_fence:at], name
     # the MMA warps' staging fits the token stages (the compile checks it too)
     staging = hopper.WARP_ROLES.consumer_warps * config.make_kernel().token_staging_bytes()
     assert staging <= kernel["stages_ab"] * config.tile_m * config.tile_k * 2
