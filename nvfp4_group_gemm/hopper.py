@@ -1099,7 +1099,8 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         output the previous kernel's) warp 0 computes the groups from offs into shared memory
         (`fill_offset_tables`), then the roles run as the leaderboard's do, on those tables. A call with no
         tiles (no rows, or left to the other form by `one_wave_rule`) ends there: nothing is read, converted
-        or counted."""
+        or counted. The first of two forms lets the second launch before its wait (griddepcontrol), so that
+        the call's second launch overlaps its first."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
@@ -1109,6 +1110,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                               storage.scale_rows.get_tensor(cute.make_layout(MOE_MAX_EXPERTS)), n, k, a_address,
                               c_address, sfa_address, sfb_address,
                               ((a_global_address, a_global_per_group), (b_global_address, b_global_per_group)))
+        if one_wave_rule == MOE_PAST_ONE_WAVE:
+            # the first of two forms: the second may launch now. Its CTAs take SMs only as this grid's leave,
+            # and read nothing before their own wait, which waits for this grid: so when this one leaves the
+            # call to it (no tiles), its launch has overlapped this one instead of following it
+            cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
         if warp_idx == 0:
             fill_offset_tables(offs, tables, num_groups, tokens, self.tile_m, ceil_div(n, self.tile_n), one_wave_ctas,

@@ -263,6 +263,8 @@ def test_each_moe_form_is_its_leaderboard_form_reading_its_groups_from_offs(repo
                 assert forms(moe, pattern) == forms(leaderboard, pattern), (name, what)
         assert sorted(wgmma.findall(moe)) == sorted(wgmma.findall(leaderboard)), name
         assert len(re.findall(r"griddepcontrol\.wait", moe)) == 1, name
+        # the first of two forms lets the second launch before its own wait (one_wave_rule), once
+        assert len(re.findall(r"griddepcontrol\.launch_dependents", moe[:moe.index("griddepcontrol.wait")])) == 1
         assert len(re.findall(r"prefetch\.tensormap", moe)) == 2, name
         assert "fence.proxy.tensormap" not in moe and "fence.proxy.tensormap" in leaderboard, name
         (entry,) = re.split(r"\.entry\s", moe)[1:]
