@@ -291,6 +291,37 @@ def test_racecheck_verdict_fails_reports_it_cannot_read_and_the_pattern_outside_
     assert done.returncode == 1 and "the summary counts 2 reports, 1 were read" in done.stdout, done.stdout
 
 
+# racecheck's own logs of racecheck_pattern.py on an H100 (DSL 4.8.1, CUTE_DSL_LINEINFO=1, `GPU_CHECK_STEPS=racecheck
+# scripts/gpu-check.sh`): the plain ring and the negative control (early-read: a stage read before its wait)
+PATTERN_LOGS = {variant: ROOT / "tests" / "data" / f"racecheck-pattern-{variant}-h100.log"
+                for variant in ("plain", "early-read")}
+
+
+def test_racecheck_verdict_on_the_patterns_real_logs_passes_the_ring_and_rejects_the_negative_control():
+    """The verdict on racecheck's real output (lines as the tool writes them: file name and line alone): the
+    plain ring's report (the bulk copy after the stage's reads) passes; the negative control's (the same copy
+    against a read before the wait) fails. The logs name lines of racecheck_pattern.py: they must still be
+    those statements (else rerun the racecheck step and save its logs here)."""
+    pattern = ROOT / "scripts" / "racecheck_pattern.py"
+    plain, early = (PATTERN_LOGS[v].read_text() for v in ("plain", "early-read"))
+    write = f"racecheck_pattern.py:{line_of(pattern, 'cute.copy(bulk, src[(None, r)]')}"
+    assert write in plain and write in early
+    assert f"racecheck_pattern.py:{line_of(pattern, 'total = total + words[')}" in plain
+    assert f"racecheck_pattern.py:{line_of(pattern, 'total = words[')}" in early
+    assert "WRONG" in early and "exact" in plain  # the control reads stale words; the ring does not
+
+    def verdict(path):
+        return subprocess.run([sys.executable, "scripts/racecheck_verdict.py", "--pattern", str(path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    done = verdict(PATTERN_LOGS["plain"])
+    assert done.returncode == 0 and "all of the proven pattern" in done.stdout, done.stdout + done.stderr
+    done = verdict(PATTERN_LOGS["early-read"])
+    assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout + done.stderr
+    # outside --pattern, the pattern file's lines are not the production kernel's: both fail
+    assert subprocess.run([sys.executable, "scripts/racecheck_verdict.py", str(PATTERN_LOGS["plain"])], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120).returncode == 1
+
+
 @pytest.mark.slow
 def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_its_fence():
     """The pattern kernel issues the Hopper kernel's SFB forms (bulk copy completing on an mbarrier, 32-bit
