@@ -453,8 +453,8 @@ def store_relaxed(address, value) -> None:
 
 
 def fence_generic_async(space: str = "") -> None:
-    """fence.proxy.async{space}: orders this thread's generic accesses to `space` (".global"; "" for every
-    state space) with async-proxy ones (TMA)."""
+    """fence.proxy.async{space}: orders this thread's generic accesses to `space` (".global", ".shared::cta";
+    "" for every state space) with async-proxy ones (TMA)."""
     _asm_memory(None, [], f"fence.proxy.async{space};", "")
 
 
