@@ -6,7 +6,8 @@ leaderboard times (`peers.time_loop_us`) in one run, every point checked against
 
     python scripts/m_sweep.py [--m 1,16,64,...] [--groups 8] [--card H100]
 
-Without a GPU it prints the floors alone (on --card, default H100)."""
+Then the points slower than a larger M of the same shape, if any (the decode goal: no M slower than a larger
+one). Without a GPU it prints the floors alone (on --card, default H100)."""
 import argparse
 import sys
 from pathlib import Path
@@ -22,6 +23,17 @@ def bf16_floor_us(sizes, card) -> float:
     from nvfp4_group_gemm.measure import flops_of
     data = sum(2 * (m * k + n * k + m * n) for m, n, k, _ in sizes)
     return 1e6 * max(flops_of(sizes) / card.flops_per_s, data / card.bytes_per_s)
+
+
+def slower_than_larger(times: dict) -> list:
+    """(N, K, M, the larger M, its time) for each timed point slower than a larger M of its shape, the largest
+    such M's time named; `times` maps (N, K, M) to us."""
+    found = []
+    for (n, k, m), us in sorted(times.items()):
+        faster = [(other, t) for (n2, k2, other), t in times.items() if (n2, k2) == (n, k) and other > m and t < us]
+        if faster:
+            found.append((n, k, m, *max(faster)))
+    return found
 
 
 def main(argv=None) -> int:
@@ -49,7 +61,7 @@ def main(argv=None) -> int:
         from nvfp4_group_gemm.peers import grouped_mm_on_bf16, time_loop_us
         from nvfp4_group_gemm.reference import check_implementation
         submission = load_submission()
-    failed = False
+    failed, times = False, {}
     for n, k in SHAPES:
         for m in ms:
             sizes = [(m, n, k, 1)] * g
@@ -63,13 +75,15 @@ def main(argv=None) -> int:
                     failed = True
                     print(f"{line}  WRONG: {message[:200]}", flush=True)
                     continue
-                ours = time_loop_us(submission.custom_kernel, inputs)
+                ours = times[n, k, m] = time_loop_us(submission.custom_kernel, inputs)
                 gmm = time_loop_us(grouped_mm_on_bf16(inputs), inputs)
                 line += (f" {ours:>9.2f} {100 * floor / ours:>7.1f}% {bf16_floor:>10.2f} {gmm:>9.2f} "
                          f"{100 * bf16_floor / gmm:>7.1f}% {gmm / ours:>6.2f}x")
             else:
                 line += f" {'':>9} {'':>8} {bf16_floor:>10.2f}"
             print(line, flush=True)
+    for n, k, m, larger, us in slower_than_larger(times):
+        print(f"  N {n}, K {k}: M = {m} ({times[n, k, m]:.2f} us) is slower than M = {larger} ({us:.2f} us)")
     return 1 if failed else 0
 
 

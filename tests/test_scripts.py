@@ -356,6 +356,21 @@ def test_m_sweep_prints_each_points_floor_without_a_gpu():
     assert refused.returncode == 2 and "no floor known" in refused.stderr
 
 
+def test_m_sweep_names_each_point_slower_than_a_larger_m_of_its_shape():
+    """m_sweep.slower_than_larger: a point slower than a larger M of the same (N, K) is named with that M (the
+    largest such), other shapes' points never compared."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import m_sweep
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    times = {(4096, 7168, 16): 63.4, (4096, 7168, 64): 70.2, (7168, 2048, 16): 68.0, (7168, 2048, 64): 55.8,
+             (7168, 2048, 128): 57.7, (7168, 2048, 256): 96.9, (4096, 7168, 128): 10.0}
+    assert m_sweep.slower_than_larger(times) == [(4096, 7168, 16, 128, 10.0), (4096, 7168, 64, 128, 10.0),
+                                                 (7168, 2048, 16, 128, 57.7)]
+    assert m_sweep.slower_than_larger({(1, 2, 16): 1.0, (1, 2, 64): 2.0, (3, 4, 8): 9.0}) == []
+
+
 def test_random_cases_file_is_the_generators_output_and_every_case_is_valid():
     """cases/random20.txt is what scripts/random_cases.py draws by default (so it can be made again), and each
     line is a case the task's rules allow, within the drawn bounds."""
