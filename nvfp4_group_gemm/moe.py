@@ -451,20 +451,23 @@ class ChangingLaunch:
         """A function launching with the cells' values at each call (written before the first): where the host
         function owns the argument storage, its address array points at the cells for the changing arguments, so
         a launch binds nothing; else (the DSL's own conversion) each launch binds again."""
-        values = {**self.values, **self.cells.values()}
-        launch = self.host.bind(values, self.stream)
+        launch = self.bind_now()
         storage = getattr(launch, "storage", None)
         if storage is None:
             pending = [launch]  # bound for the first call
 
             def rebind():
-                (pending.pop() if pending else self.host.bind({**self.values, **self.cells.values()}, self.stream))()
+                (pending.pop() if pending else self.bind_now())()
             return rebind
         # the launch reads argument i at the address in entry i of its address array (`packed`)
         first = (launch.packed - ctypes.addressof(storage)) // 8
         for name in self.changing:
             storage[first + self.host.spec.names.index(name)] = self.cells.address(name)
         return launch
+
+    def bind_now(self):
+        """The host function bound to its values and the cells' current ones."""
+        return self.host.bind({**self.values, **self.cells.values()}, self.stream)
 
 
 # The host functions' arguments a MoE call supplies (`KernelPlan.launch` writes them in this order); the plan

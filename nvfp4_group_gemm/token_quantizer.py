@@ -113,6 +113,16 @@ def e2m1_code_by_thresholds(x: cutlass.Float32, thresholds: list) -> cutlass.Uin
     return ptx(U32, [x] + thresholds, THRESHOLD_CODE_PTX, "=r,f" + ",f" * len(thresholds))
 
 
+def pack_codes(codes, values: list, code_of) -> None:
+    """The 16 values' 4-bit codes (`code_of`) into the two words of `codes`, value i at bits 4 (i % 8) of word
+    i // 8 (Python loops: unrolled where traced)."""
+    for half in range(2):
+        word = cutlass.Uint32(0)
+        for i in range(8):
+            word = word | (code_of(values[8 * half + i]) << (4 * i))
+        codes[half] = word
+
+
 @cute.jit
 def positive_finite(value: cutlass.Float32) -> cutlass.Uint32:
     """1 where 0 < value < inf, else 0 (NaN too)."""
@@ -300,17 +310,9 @@ class TokenQuantizer:
         codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
         if positive_finite(block_scale) != 0:  # every block but one of a decode scale <= 0, inf or NaN
             thresholds = step_thresholds(block_scale)
-            for half in cutlass.range_constexpr(2):
-                word = cutlass.Uint32(0)
-                for i in cutlass.range_constexpr(8):
-                    word = word | (e2m1_code_by_thresholds(values[8 * half + i], thresholds) << (4 * i))
-                codes[half] = word
+            pack_codes(codes, values, lambda v: e2m1_code_by_thresholds(v, thresholds))
         else:  # fp32's division itself, whatever it makes of such a scale
-            for half in cutlass.range_constexpr(2):
-                word = cutlass.Uint32(0)
-                for i in cutlass.range_constexpr(8):
-                    word = word | (e2m1_code(values[8 * half + i], block_scale) << (4 * i))
-                codes[half] = word
+            pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
         cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
         if group < experts:
             first = cutlass.Int32(0)
