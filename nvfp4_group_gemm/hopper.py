@@ -125,12 +125,13 @@ SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
 
 class Diagnostic(enum.Enum):
     """Timing experiments only (`eval.py sweep --diagnose`; wrong results): each leaves one part of the
-    default form's work out, to see what it costs."""
+    default form's work out, to see what it costs. A part whose results feed nothing else (wgmma, the
+    epilogue) stays in the code behind a branch no run takes, so that ptxas keeps the work before it."""
     SKIP_CONVERT = "skip-convert"  # the weights' fragments stay unconverted
-    SKIP_MMA = "skip-mma"  # no wgmma
+    SKIP_MMA = "skip-mma"  # no wgmma run (the weights still converted)
     SKIP_TOKENS = "skip-tokens"  # no tokens loaded
     SKIP_TOKEN_CONVERSION = "skip-token-conversion"  # no tokens converted (and none waited for)
-    SKIP_EPILOGUE = "skip-epilogue"  # no C stored
+    SKIP_EPILOGUE = "skip-epilogue"  # no C stored (the wgmma and conversions still run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1415,9 +1416,16 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         acc.fill(0.0)
         state, release_state = self.mainloop(ab_pipeline, (tiled_mma, acc, tCsT), weights, work, state,
                                              release_state)
-        if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_EPILOGUE):
-            self.epilogue(acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, rows, staging, tidx // 128,
-                          tidx % 128)
+        epilogue = (acc, tCcC, output, self.weight_tile(work, rank), work.m_tile, rows, staging, tidx // 128,
+                    tidx % 128)
+        if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_EPILOGUE):
+            # only where K < 0, never at run time: left out altogether, the epilogue would take with it the wgmma
+            # and conversions whose results only it reads (ptxas removes them; `rows` would not do: the compiler
+            # knows the token width's bounds on it)
+            if work.k_tiles < 0:
+                self.epilogue(*epilogue)
+        else:
+            self.epilogue(*epilogue)
         return state, release_state
 
     def width_index(self, rows):
@@ -1438,12 +1446,13 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                 # the timing diagnostics (Diagnostic) leave out a part
                 if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_CONVERT):
                     self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, q)
-                if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_MMA):
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(self.tile_k // 16):
-                        cute.gemm(tiled_mma, acc, tCrW[buffer][(None, None, kb)],
-                                  tCsT[(None, None, kb, state.index)], acc)
-                    warpgroup.commit_group()
+                if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_MMA):
+                    # only where K < 0, never at run time: left out altogether, the wgmma would take with it the
+                    # conversions that feed it (ptxas removes them)
+                    if work.k_tiles < 0:
+                        self.issue_wgmma(tiled_mma, acc, tCrW[buffer], tCsT, state.index)
+                else:
+                    self.issue_wgmma(tiled_mma, acc, tCrW[buffer], tCsT, state.index)
                 warpgroup.wait_group(1)  # the previous stage's wgmma is done: release its stage
                 if buffer == 1 or k_pair > 0:
                     # this thread's generic reads of the stage (packed B, SFB) ordered before the next TMA
@@ -1458,6 +1467,15 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
         return state, release_state
+
+    @cute.jit
+    def issue_wgmma(self, tiled_mma, acc, tCrW, tCsT, stage):
+        """One stage's wgmma (tile_k / 16 of them, one group): the weights' fragments `tCrW` (MMA, MMA_M, MMA_K)
+        times token stage `stage` of `tCsT` (MMA, MMA_N, MMA_K, STAGE) into `acc`."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(self.tile_k // 16):
+            cute.gemm(tiled_mma, acc, tCrW[(None, None, kb)], tCsT[(None, None, kb, stage)], acc)
+        warpgroup.commit_group()
 
     @cute.jit
     def output_of(self, tables: TokenWork, work):

@@ -330,14 +330,15 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     conversion = r"mul\.rn\.f16x2"
     # skip-convert: the weights' conversion goes (the tokens' stays)
     assert 0 < count(conversion, by_what["skip-convert"]) < count(conversion, base)
-    # skip-mma: no wgmma
-    assert count(r"wgmma\.mma_async", base) > 0 == count(r"wgmma\.mma_async", by_what["skip-mma"])
+    # skip-mma and skip-epilogue: the part stays in the code, behind a branch no run takes (K < 0), so that
+    # ptxas keeps the work feeding it (where it was left out, ptxas removed the conversions with the wgmma, and
+    # 42 of the 48 wgmma with the epilogue); text != base above: the branch is there
+    for what in ("skip-mma", "skip-epilogue"):
+        for pattern in (r"wgmma\.mma_async", conversion, r"st\.shared\.b16", r"st\.global\.v4"):
+            assert count(pattern, by_what[what]) == count(pattern, base) > 0, (what, pattern)
     # skip-tokens: packed B's TMA loads only (the first stages', then the K loop's)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
     assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
-    # skip-epilogue: the MMA warps stage and store no C (the token conversion's vector stores stay)
-    assert count(r"st\.shared\.b16", base) > 0 == count(r"st\.shared\.b16", by_what["skip-epilogue"])
-    assert count(r"st\.global\.v4", base) > count(r"st\.global\.v4", by_what["skip-epilogue"]) > 0
     # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier; the weights' conversion stays
     skipped = by_what["skip-token-conversion"]
     for pattern in (r"\batom\.", r"\bred\.", r"ld\.acquire", r"st\.relaxed", r"fence\.proxy\.async\.global",
