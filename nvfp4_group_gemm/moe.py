@@ -144,6 +144,8 @@ class Problem:
             fail("out", f"{out.dtype} {tuple(out.shape)}: expected a contiguous ({self.tokens}, {self.n}) "
                  f"{out_dtype} tensor")
         self.device, self.out_dtype = device, out_dtype
+        # what a plan is made for, less its device, stream and forms (`launch_plan`)
+        self.plan_shape = (self.experts, self.n, self.k, token_capacity(self.tokens))
         self.facts = None  # what calls of this signature share (`checked`): `kernel_forms` keeps its choice there
 
     @classmethod
@@ -332,12 +334,26 @@ def device_tables(problem: Problem, a, a_scale, b_scale, offs, out) -> torch.Ten
 
 
 # ---- the kernels, with the group sizes on the device ------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _submission():
+    """The submission module, imported at the first kernel call (importing it loads the DSL): a call's launch
+    reads it without an import statement's cost."""
+    from . import submission
+    return submission
+
+
 def cuda_index(tensor: torch.Tensor) -> int:
     """The index of the CUDA device `tensor` is on ("cuda" alone: the current device)."""
     return tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
 
 
-def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out):
+def call_addresses(a, b, a_scale, b_scale, out) -> tuple:
+    """The base addresses of a call's a, B, a_scale, b_scale and out, in that order (read once a call: the
+    alignment check and the launch share them)."""
+    return a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), out.data_ptr()
+
+
+def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out, addresses=None):
     """The configurations of the kernels launched for this call (`hopper_policy.moe_forms` on sm_90: one, or two
     the device chooses between; `moe_tables.MOE_CONFIG` on sm_100; -bf16 forms for bf16 output), or None for
     the portable path: other devices, N or K the kernels do not take, B's experts not back to back, a base
@@ -350,8 +366,10 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out)
     if device is None:
         return None
     capability, num_sms, align, setting_name = device
-    if (a.data_ptr() % align or problem.b.data_ptr() % align or a_scale.data_ptr() % align
-            or b_scale.data_ptr() % align or out.data_ptr() % align):
+    if addresses is None:
+        addresses = call_addresses(a, problem.b, a_scale, b_scale, out)
+    a_address, b_address, a_scale_address, b_scale_address, out_address = addresses
+    if (a_address | b_address | a_scale_address | b_scale_address | out_address) % align:  # a power of two
         return None
     setting = setting_name and os.environ.get(setting_name)
     chosen = facts.get("forms")  # (the setting, its choice): the same for every call of the signature
@@ -544,17 +562,19 @@ class KernelPlan:
                 self.launches.append(ChangingLaunch(function, values, stream, self.cells) if per_call
                                      else function.bind(values, stream))
 
-    def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
+    def launch(self, a, b, a_scale, b_scale, offs, out, a_global=None, b_global=None, addresses=None) -> None:
         """On the plan's stream, each form's host functions (`host_functions`) in order, with this call's
-        arguments (`CALL_ARGUMENTS`)."""
+        arguments (`CALL_ARGUMENTS`); `addresses`: `call_addresses`, if known."""
         capturing = self.stream_capturing()
         self.captured = self.captured or capturing
         if self.zero_first and not capturing:
             self.counters.zero_()
             self.zero_first = False
-        b_address = b.data_ptr()
-        values = (offs.data_ptr(), a.shape[0], self.n, self.k, a.data_ptr(), b_address, b_address, out.data_ptr(),
-                  a_scale.data_ptr(), b_scale.data_ptr(), 0 if a_global is None else a_global.data_ptr(),
+        if addresses is None:
+            addresses = call_addresses(a, b, a_scale, b_scale, out)
+        a_address, b_address, a_scale_address, b_scale_address, out_address = addresses
+        values = (offs.data_ptr(), a.shape[0], self.n, self.k, a_address, b_address, b_address, out_address,
+                  a_scale_address, b_scale_address, 0 if a_global is None else a_global.data_ptr(),
                   0 if a_global is None else int(a_global.dim() == 1),
                   0 if b_global is None else b_global.data_ptr(), 0 if b_global is None else int(b_global.dim() == 1))
         self.cells.write(values)
@@ -623,35 +643,37 @@ def release_plans() -> None:
     _kernel_plans.clear()
 
 
-def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None) -> None:
+def run_kernel(configs, problem: Problem, a, a_scale, b_scale, offs, out, a_global=None, b_global=None,
+               addresses=None) -> None:
     """`configs` (`kernel_forms`' or one form's tuple) on this call, with the plan its stream keeps for them, on
-    a's device (made current for the call where it is not)."""
+    a's device (made current for the call where it is not); `addresses`: `call_addresses`, if known."""
     index = a.device.index
     if index == torch.cuda.current_device():
-        launch_plan(configs, problem, index, a, a_scale, b_scale, offs, out, a_global, b_global)
+        launch_plan(configs, problem, index, a, a_scale, b_scale, offs, out, a_global, b_global, addresses)
     else:
         with torch.cuda.device(index):
-            launch_plan(configs, problem, index, a, a_scale, b_scale, offs, out, a_global, b_global)
+            launch_plan(configs, problem, index, a, a_scale, b_scale, offs, out, a_global, b_global, addresses)
 
 
-def launch_plan(configs, problem: Problem, index: int, a, a_scale, b_scale, offs, out, a_global, b_global) -> None:
-    from . import submission
-    stream = submission.current_stream_handle(index)
+def launch_plan(configs, problem: Problem, index: int, a, a_scale, b_scale, offs, out, a_global, b_global,
+                addresses=None) -> None:
+    stream = _submission().current_stream_handle(index)
     names = configs.names if type(configs) is Forms else tuple(c.name for c in configs)
-    key = (index, stream, names, problem.experts, problem.n, problem.k, token_capacity(problem.tokens))
+    key = (index, stream, names) + problem.plan_shape
     plan = _kernel_plans.get(key)
     if plan is None:
         plan = _kernel_plans.add(key, KernelPlan(configs, index, stream, *key[3:]))
-    plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global)
+    plan.launch(a, problem.b, a_scale, b_scale, offs, out, a_global, b_global, addresses)
 
 
 def run(problem: Problem, a, a_scale, b_scale, offs, a_global, b_global, out: torch.Tensor) -> None:
     """The kernels where they take the call (`kernel_forms`), else the portable computation."""
-    configs = kernel_forms(problem, a, b_scale, a_scale, a_global, b_global, out)
+    addresses = call_addresses(a, problem.b, a_scale, b_scale, out) if a.is_cuda else None
+    configs = kernel_forms(problem, a, b_scale, a_scale, a_global, b_global, out, addresses)
     if configs is None:
         compute(problem, a, a_scale, b_scale, offs, a_global, b_global, out)
     else:
-        run_kernel(configs, problem, a, a_scale, b_scale, offs, out, a_global, b_global)
+        run_kernel(configs, problem, a, a_scale, b_scale, offs, out, a_global, b_global, addresses)
 
 
 # ---- the torch ops -----------------------------------------------------------------------------------------------
@@ -690,7 +712,7 @@ def unpack_nvfp4_tensor(value, scale, global_scale, name: str):
     """A torchao NVFP4Tensor (anything with `qdata`, `scale`, `per_tensor_scale`) as its packed data, its
     swizzled scales (which must be the 128x4-blocked layout: is_swizzled_scales=True) and its per-tensor scale,
     without copies; a plain tensor as it is."""
-    if isinstance(value, torch.Tensor) and not hasattr(value, "qdata"):
+    if type(value) is torch.Tensor or (isinstance(value, torch.Tensor) and not hasattr(value, "qdata")):
         return value, scale, global_scale
     if not all(hasattr(value, field) for field in ("qdata", "scale", "per_tensor_scale")):
         return value, scale, global_scale  # Problem names what it is not
