@@ -6,7 +6,8 @@ down N 7,168, K 2,048) at 512 and 4,096 rows; each side timed eagerly (CUDA even
 and replayed from a CUDA graph, the NVFP4 MLP's error against the bf16 MLP printed, the quantizer's and the
 activation's share of the MLP's replayed time (each replayed from a graph of its own: GPU time; their eager
 calls' times beside, which the host bounds), and the quantizer's bandwidth (bytes read and written over its
-replayed time, against the card's HBM bandwidth); the activation timed as the MLP runs it (`swiglu_quantized`).
+replayed time, against the card's HBM bandwidth); the activation timed as the MLP runs it (`swiglu_quantized`);
+and each GEMM alone (`gemm_pairs`: the MoE op eager and replayed, grouped_mm on bf16 with the same offs).
 Then a CUDA graph captured on one routing is replayed under two new ones copied into the same buffers, each
 replay compared with an eager call. Without a GPU: the same checks at a toy shape (hidden 512, intermediate
 256, E 4), no timing."""
@@ -167,6 +168,11 @@ def command_mlp(options) -> int:
                      f"\n    replayed, quantizer {quantize:.1f} us + activation and requantization {activation:.1f} "
                      f"us: {100 * (quantize + activation) / ours_graph:.0f}% of the NVFP4 MLP (eager calls: "
                      f"{eager[0]:.1f} + {eager[1]:.1f} us)")
+            for name, (n, k), op, bf16 in gemm_pairs(x, offs, experts, x_global, h_global):
+                eager, replayed, theirs = event_us(op), graph_us(op), event_us(bf16)
+                line += (f"\n    {name} GEMM alone (N {n}, K {k}): grouped_mm_nvfp4 {eager:8.1f} us eager, "
+                         f"{replayed:8.1f} replayed (eager / replayed {eager / replayed:.2f}); grouped_mm bf16 "
+                         f"{theirs:8.1f}: {theirs / eager:.2f}x eager")
             if rows == max(row_counts):
                 moved = rows * hidden * 2 + rows * hidden // 2 + moe_scale_bytes(rows, e, hidden)
                 card = measure.card_of(name)
@@ -176,6 +182,28 @@ def command_mlp(options) -> int:
         print(line, flush=True)
     failed |= not replays_follow_new_routings(experts, e, hidden, device, gpu)
     return 1 if failed else 0
+
+
+def gemm_pairs(x, offs, experts: Experts, x_global, h_global) -> list:
+    """Each of the MLP's GEMMs on its own: (name, (N, K), the op on NVFP4 operands, grouped_mm on bf16 ones
+    (None without a GPU)), with `x`'s routing: gate_up on x quantized, down on SwiGLU of a random (T, 2I)
+    quantized (the bf16 side: a random (T, I))."""
+    import torch
+    from nvfp4_group_gemm import mlp, moe
+    rows, n13, (_, hidden, half_inter) = x.shape[0], experts.w13.shape[1], experts.w2.shape
+    a, a_scale = mlp.quantize_tokens_device(x, offs, x_global)
+    h = torch.empty(rows, n13, dtype=torch.bfloat16, device=x.device).normal_()
+    a2, a2_scale = mlp.swiglu_quantized(h, offs, h_global)
+    y = torch.empty(rows, 2 * half_inter, dtype=torch.bfloat16, device=x.device).normal_()
+    grouped = getattr(torch, "_grouped_mm", None) if x.is_cuda else None
+    return [("gate_up", (n13, hidden),
+             lambda: moe.grouped_mm_nvfp4(a, experts.w13, a_scale, experts.w13_scale, offs, a_global=x_global,
+                                          b_global=experts.w13_global),
+             grouped and (lambda: grouped(x, experts.w13_bf16.transpose(1, 2), offs=offs))),
+            ("down", (hidden, 2 * half_inter),
+             lambda: moe.grouped_mm_nvfp4(a2, experts.w2, a2_scale, experts.w2_scale, offs, a_global=h_global,
+                                          b_global=experts.w2_global),
+             grouped and (lambda: grouped(y, experts.w2_bf16.transpose(1, 2), offs=offs)))]
 
 
 def moe_scale_bytes(rows: int, e: int, k: int) -> int:

@@ -244,3 +244,23 @@ def test_swiglu_quantized_is_the_two_steps_and_names_what_is_wrong():
         mlp.swiglu_quantized(h[:, :255], offs)
     with pytest.raises(ValueError, match="layout='rows'"):
         mlp.swiglu_quantized(h, offs, layout="rows")
+
+
+def test_eval_mlps_gemms_alone_are_the_mlps_gemms_on_its_routing():
+    """`eval.py mlp`'s GEMMs timed alone (`mlp_report.gemm_pairs`): gate_up is the op on x quantized (near x
+    times the dequantized w13), down the op on SwiGLU of a (T, 2I) quantized, each (T, N) of the MLP's shapes;
+    without a GPU no bf16 side."""
+    from nvfp4_group_gemm import mlp_report
+    e, hidden, inter = 4, 512, 256
+    experts = mlp_report.make_experts(e, hidden, inter, torch.device("cpu"))
+    x, offs = mlp_report.top2_routing(64, e, hidden, torch.device("cpu"), seed=3)
+    x_global, h_global = mlp_report.activation_scales(x, offs, experts)
+    pairs = mlp_report.gemm_pairs(x, offs, experts, x_global, h_global)
+    assert [(name, shape) for name, shape, _, _ in pairs] == [("gate_up", (2 * inter, hidden)),
+                                                              ("down", (hidden, inter))]
+    assert all(bf16 is None for _, _, _, bf16 in pairs)
+    gate_up, down = (op() for _, _, op, _ in pairs)
+    assert gate_up.shape == (64, 2 * inter) and down.shape == (64, hidden)
+    want = mlp_report.per_group(x, experts.w13_bf16, offs)
+    assert float((gate_up.float() - want).norm() / want.norm()) < 0.25
+    assert bool(torch.isfinite(down.float()).all())
