@@ -285,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "torch._grouped_mm")
     sub.add_parser("mlp", help="the expert MLP (moe_mlp_nvfp4) on top-2 routings against the bf16 MLP: its "
                    "error, CUDA graph replays under new routings; on a GPU timed (eager and replayed) at E 8, "
-                   "hidden 7,168, intermediate 2,048, 512 and 4,096 rows")
+                   "hidden 7,168, intermediate 2,048, 512 and 4,096 rows, and each GEMM alone against "
+                   "torch._grouped_mm")
     for mode, what in (("test", "run FILE's cases once and check them"),
                        ("benchmark", "check, then time FILE's cases"),
                        ("leaderboard", "time FILE's cases with rechecks, as a ranked run"),
