@@ -168,11 +168,11 @@ def command_mlp(options) -> int:
                      f"\n    replayed, quantizer {quantize:.1f} us + activation and requantization {activation:.1f} "
                      f"us: {100 * (quantize + activation) / ours_graph:.0f}% of the NVFP4 MLP (eager calls: "
                      f"{eager[0]:.1f} + {eager[1]:.1f} us)")
-            for name, (n, k), op, bf16 in gemm_pairs(x, offs, experts, x_global, h_global):
-                eager, replayed, theirs = event_us(op), graph_us(op), event_us(bf16)
-                line += (f"\n    {name} GEMM alone (N {n}, K {k}): grouped_mm_nvfp4 {eager:8.1f} us eager, "
-                         f"{replayed:8.1f} replayed (eager / replayed {eager / replayed:.2f}); grouped_mm bf16 "
-                         f"{theirs:8.1f}: {theirs / eager:.2f}x eager")
+            for gemm, (n, k), op, bf16 in gemm_pairs(x, offs, experts, x_global, h_global):
+                op_eager, op_replayed, bf16_eager = event_us(op), graph_us(op), event_us(bf16)
+                line += (f"\n    {gemm} GEMM alone (N {n}, K {k}): grouped_mm_nvfp4 {op_eager:8.1f} us eager, "
+                         f"{op_replayed:8.1f} replayed (eager / replayed {op_eager / op_replayed:.2f}); "
+                         f"grouped_mm bf16 {bf16_eager:8.1f}: {bf16_eager / op_eager:.2f}x eager")
             if rows == max(row_counts):
                 moved = rows * hidden * 2 + rows * hidden // 2 + moe_scale_bytes(rows, e, hidden)
                 card = measure.card_of(name)
