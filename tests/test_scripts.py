@@ -322,6 +322,27 @@ def test_racecheck_verdict_on_the_patterns_real_logs_passes_the_ring_and_rejects
                           capture_output=True, text=True, timeout=120).returncode == 1
 
 
+# racecheck's log of the Hopper GEMM under DSL 4.5.2 (H100, CUTE_DSL_LINEINFO=1, GPU_CHECK_STEPS=racecheck
+# scripts/gpu-check.sh): one read against four writes a report, each write another copy of the SFB bulk copy;
+# taken when that copy was hopper.py line 1328 and the scale-word load line 1350
+HOPPER_LOG_452 = ROOT / "tests" / "data" / "racecheck-hopper-4.5.2-h100.log"
+
+
+def test_racecheck_verdict_on_a_real_hopper_log_passes_several_copies_of_the_write(tmp_path):
+    """A report listing one read against several instructions of the bulk copy statement passes (4.5.2's
+    form); the same report with one of its writes or its read on another statement fails."""
+    write, read = (where.split("/")[-1] for where in proven_pattern_lines())
+    text = HOPPER_LOG_452.read_text().replace("hopper.py:1328", write).replace("hopper.py:1350", read)
+    done = run_verdict(tmp_path, text)
+    assert done.returncode == 0 and "4 race report(s), 917504 hazards" in done.stdout, done.stdout + done.stderr
+    producer = hopper_line("def producer(").split("/")[-1]
+    first_write = text.index(f"in {write}")
+    for other in (text[:first_write] + f"in {producer}" + text[first_write + 3 + len(write):],
+                  text.replace(read, hopper_line("packed = blocks[r,").split("/")[-1])):
+        done = run_verdict(tmp_path, other)
+        assert done.returncode == 1 and "outside the proven pattern" in done.stdout, done.stdout
+
+
 @pytest.mark.slow
 def test_racecheck_pattern_is_the_hopper_kernels_pattern_and_each_variant_adds_its_fence():
     """The pattern kernel issues the Hopper kernel's SFB forms (bulk copy completing on an mbarrier, 32-bit
