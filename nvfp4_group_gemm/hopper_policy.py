@@ -6,6 +6,7 @@ sm_90 path's launcher, which registers itself with submission.py when this modul
 (`harness.load_submission` does)."""
 import functools
 import os
+from typing import Optional
 
 from . import moe_tables, submission
 from .hopper import (MOE_IN_ONE_WAVE, MOE_PAST_ONE_WAVE, SM90_CONFIG, SM90_CONFIGS, SM90_MOE_CONFIGS,
@@ -130,6 +131,18 @@ def moe_scheduled(config: Sm90TileConfig, tokens: int, experts: int, n: int, num
 
 
 MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`moe_forms`); unset: `moe_choice`
+# the MoE op's form setting: MOE_FORM_ENV's value when this module is imported, then what `set_moe_form` sets (read
+# here on every call: an environment lookup per call took about a tenth of the op's host path)
+moe_form: Optional[str] = os.environ.get(MOE_FORM_ENV) or None
+
+
+def set_moe_form(name: Optional[str]) -> None:
+    """The MoE op's form from now on in this process, as MOE_FORM_ENV names one (checked now), or None for
+    `moe_choice`'s; to time each form on a workload (scripts/moe_forms.py)."""
+    global moe_form
+    if name:
+        submission.parse_config(name, SM90_MOE_CONFIGS, MOE_FORM_ENV)
+    moe_form = name or None
 
 
 def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
@@ -138,13 +151,13 @@ def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
 
 
 def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
-    """The MoE op's forms on sm_90, launched in this order: the one MOE_FORM_ENV names (to time each form on a
-    workload), else `moe_choice`'s, and after it the default form where some routing's tiles, not every one's,
+    """The MoE op's forms on sm_90, launched in this order: the one `moe_form` names (MOE_FORM_ENV, or
+    `set_moe_form`: to time each form on a workload), else `moe_choice`'s, and after it the default form where some routing's tiles, not every one's,
     fit the default form's grid in one wave (their rows multiples of 128, as routers that pad each expert's
     rows to a block, or give each the same capacity, make them): there the default form's busiest CTA runs
     one 128 x 128 tile. With two, the device chooses from the routing (`MOE_TWO_FORM_RULES`: the default form
     takes the calls that fit, the other the rest; the launch not taking a call ends after its wait)."""
-    setting = os.environ.get(MOE_FORM_ENV)
+    setting = moe_form
     if setting:
         return (submission.parse_config(setting, SM90_MOE_CONFIGS, MOE_FORM_ENV),)
     choice = moe_choice(tokens, experts, n, k, num_sms)

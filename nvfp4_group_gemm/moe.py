@@ -36,7 +36,6 @@ there). docs/moe.md has the design, figures and what is left.
 import ctypes
 import dataclasses
 import functools
-import os
 import struct
 from typing import Optional, Tuple
 
@@ -365,13 +364,13 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out,
         device = facts["kernel_device"] = kernel_device(problem, a, a_global, b_global, out)
     if device is None:
         return None
-    capability, num_sms, align, setting_name = device
+    capability, num_sms, align, policy = device
     if addresses is None:
         addresses = call_addresses(a, problem.b, a_scale, b_scale, out)
     a_address, b_address, a_scale_address, b_scale_address, out_address = addresses
     if (a_address | b_address | a_scale_address | b_scale_address | out_address) % align:  # a power of two
         return None
-    setting = setting_name and os.environ.get(setting_name)
+    setting = policy.moe_form if policy is not None else None
     chosen = facts.get("forms")  # (the setting, its choice): the same for every call of the signature
     if chosen is None or chosen[0] != setting:
         chosen = facts["forms"] = (setting, forms_for(capability, problem.tokens, problem.experts, problem.n,
@@ -382,8 +381,8 @@ def kernel_forms(problem: Problem, a, b_scale, a_scale, a_global, b_global, out,
 
 def kernel_device(problem: Problem, a, a_global, b_global, out) -> Optional[tuple]:
     """Where a kernel may take calls of this problem's signature, whatever their addresses: (the device's
-    capability, its SMs, the alignment the kernels need of each base address, the environment variable that
-    sets the form or None); None for the portable path."""
+    capability, its SMs, the alignment the kernels need of each base address, the module whose `moe_form` sets
+    the form, or None); None for the portable path."""
     from . import submission
     if not a.is_cuda or problem.tokens == 0:
         return None
@@ -395,18 +394,17 @@ def kernel_device(problem: Problem, a, a_global, b_global, out) -> Optional[tupl
     if any(g is not None and g.dim() == 1 and g.stride(0) != 1 for g in (a_global, b_global)):
         return None  # the kernels read a per-expert scale as an array
     index = cuda_index(a)
-    capability, setting_name = torch.cuda.get_device_capability(index), None
+    capability, policy = torch.cuda.get_device_capability(index), None
     if capability == (9, 0):
-        from . import hopper_policy
-        setting_name = hopper_policy.MOE_FORM_ENV
-    return capability, submission.sm_count(index), submission.PTR_ALIGN_BYTES, setting_name
+        from . import hopper_policy as policy
+    return capability, submission.sm_count(index), submission.PTR_ALIGN_BYTES, policy
 
 
 @functools.lru_cache(maxsize=1024)
 def forms_for(capability: tuple, tokens: int, experts: int, n: int, k: int, num_sms: int, bf16: bool,
               form_setting: Optional[str]):
     """`kernel_forms`' choice from the facts it depends on, made once per set of them (the Hopper choice models
-    sampled routings): the forms, or None where no kernel takes the call. `form_setting`, MOE_FORM_ENV's value,
+    sampled routings): the forms, or None where no kernel takes the call. `form_setting`, `hopper_policy.moe_form`,
     which `hopper_policy.moe_forms` reads itself, is here to key the cache: a changed setting is a new choice."""
     if capability == (10, 0):
         from . import moe_tables

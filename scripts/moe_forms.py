@@ -5,13 +5,12 @@ others on the routings it reasons about, and on the one you name.
     python scripts/moe_forms.py T E N K [--routings R] [--sizes M0,M1,...]
 
 Prints, per routing (the first R samples, then --sizes if given), each form's modeled busiest CTA (us) and,
-on an sm_90 GPU, the op's mean us per call with that form (`hopper_policy.MOE_FORM_ENV`; the leaderboard's loop:
+on an sm_90 GPU, the op's mean us per call with that form (`hopper_policy.set_moe_form`; the leaderboard's loop:
 L2 flushed, events around 8 calls on 8 copies of the data), then the op as it runs unset (`hopper_policy.moe_forms`:
 one form, or two that the device chooses between, modeled as the one it chooses); then the means over the
 sampled routings and the forms the op launches. Without such a GPU, the model's figures alone."""
 import argparse
 import itertools
-import os
 import sys
 from pathlib import Path
 
@@ -73,10 +72,7 @@ def main(argv=None) -> int:
             line = f"    {name:<40} model {model:8.2f} us"
             if gpu:
                 from nvfp4_group_gemm.peers import time_loop_us
-                if config is None:
-                    os.environ.pop(hopper_policy.MOE_FORM_ENV, None)
-                else:
-                    os.environ[hopper_policy.MOE_FORM_ENV] = config.name
+                hopper_policy.set_moe_form(None if config is None else config.name)
                 measured = time_loop_us(lambda d: moe.grouped_mm_nvfp4(*d, out_dtype=torch.float16), inputs)
                 line += f"  measured {measured:8.2f} us"
                 if index < options.routings:
@@ -84,7 +80,7 @@ def main(argv=None) -> int:
             if index < options.routings:
                 totals[name][0] += model / len(routings[:options.routings])
             print(line, flush=True)
-    os.environ.pop(hopper_policy.MOE_FORM_ENV, None)
+    hopper_policy.set_moe_form(None)
     print("  mean over the sampled routings:")
     for name, (model, measured) in totals.items():
         print(f"    {name:<40} model {model:8.2f} us" + (f"  measured {measured:8.2f} us" if gpu else ""))

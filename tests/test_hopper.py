@@ -4,6 +4,10 @@ layout the leaderboard makes, its schedulers take every tile once, its shared-me
 its settings parse. Compile and PTX checks: test_hopper_ptx.py; tuning snapshots:
 test_hopper_tuning_snapshots.py. It runs on a Hopper GPU through custom_kernel (tests/test_gpu.py)."""
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -452,16 +456,33 @@ def test_the_moe_forms_choice_needs_only_the_hosts_sizes():
 
 
 def test_the_moe_form_setting_names_a_form_or_says_which_there_are(monkeypatch):
-    """MOE_FORM_ENV (to time each form on a workload): a form of SM90_MOE_CONFIGS with its schedule, alone; a
-    wrong name is a ValueError naming the setting and the forms; unset, moe_choice's first."""
-    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64-offs/contiguous")
+    """The form setting (MOE_FORM_ENV at import, then set_moe_form: to time each form on a workload): a form of
+    SM90_MOE_CONFIGS with its schedule, alone; a wrong name is a ValueError naming the setting and the forms,
+    from set_moe_form at once; unset, moe_choice's first."""
+    monkeypatch.setattr(hopper_policy, "moe_form", hopper_policy.moe_form)  # restored after the test
+    hopper_policy.set_moe_form("sm90-128x128-k128-wr-n16-64-offs/contiguous")
     form, = hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
     assert form.tile_name == "sm90-128x128-k128-wr-n16-64-offs" and form.schedule.contiguous
-    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64")
+    with pytest.raises(ValueError, match=f"{hopper_policy.MOE_FORM_ENV}.*sm90-128x128-k128-wr-n16-64-offs"):
+        hopper_policy.set_moe_form("sm90-128x128-k128-wr-n16-64")
+    assert hopper_policy.moe_form == "sm90-128x128-k128-wr-n16-64-offs/contiguous"  # unchanged by the refusal
+    monkeypatch.setattr(hopper_policy, "moe_form", "sm90-128x128-k128-wr-n16-64")  # as a bad environment sets it
     with pytest.raises(ValueError, match=f"{hopper_policy.MOE_FORM_ENV}.*sm90-128x128-k128-wr-n16-64-offs"):
         hopper_policy.moe_forms(512, 2, 4096, 1536, 132)
-    monkeypatch.delenv(hopper_policy.MOE_FORM_ENV)
+    hopper_policy.set_moe_form(None)
     assert hopper_policy.moe_forms(512, 2, 4096, 1536, 132)[0] == hopper_policy.moe_choice(512, 2, 4096, 1536, 132)
+
+
+def test_the_moe_form_setting_is_the_environments_at_import():
+    """hopper_policy reads MOE_FORM_ENV once, when imported (a fresh interpreter with it set, and without)."""
+    code = "from nvfp4_group_gemm import hopper_policy as p; print(p.moe_form)"
+    for value, expected in (("sm90-128x128-k128-wr-n16-64-offs", "sm90-128x128-k128-wr-n16-64-offs"),
+                            ("", "None")):
+        env = dict(os.environ, **{hopper_policy.MOE_FORM_ENV: value})
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines()[-1] == expected
 
 
 @pytest.mark.parametrize("shape", [(512, 2, 4096, 1536), (1024, 8, 4096, 7168), (1024, 8, 7168, 2048),

@@ -631,7 +631,7 @@ def test_the_kernel_forms_are_chosen_once_per_set_of_facts(monkeypatch):
     assert moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, True, None) is moe.forms_for((9, 0), 512, 2, 4096, 1536,
                                                                                        132, True, None)
     assert moe.forms_for.cache_info().misses == 1
-    monkeypatch.setenv(hopper_policy.MOE_FORM_ENV, "sm90-128x128-k128-wr-n16-64-offs")
+    monkeypatch.setattr(hopper_policy, "moe_form", "sm90-128x128-k128-wr-n16-64-offs")
     (named,) = moe.forms_for((9, 0), 512, 2, 4096, 1536, 132, False, "sm90-128x128-k128-wr-n16-64-offs")
     assert named.tile_name == "sm90-128x128-k128-wr-n16-64-offs"
     assert moe.forms_for((10, 0), 512, 2, 4096, 1536, 148, False, None) == (moe_tables.MOE_CONFIG,)
