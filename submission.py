@@ -8,7 +8,7 @@ a, b FP4 E2M1 (two per byte, K-major), sfa, sfb FP8 E4M3 in the tcgen05 "blocked
 (`sfasfb_reordered_tensors`), fp32 accumulation, fp16 C in place. Checked before any launch (`validate_input`:
 ValueError naming the group): the four lists of one length >= 1, L == 1, M >= 1, N a multiple of 128, K of 256,
 the leaderboard's dtypes, shapes and strides, one CUDA device, 16-byte alignment. On sm_100 `custom_kernel` runs
-the kernel below; other GPUs get the paths other modules register (`register_path`: hopper.py, portable.py).
+the kernel below; other GPUs get the paths other modules register in EXTRA_PATHS (hopper.py, portable.py).
 
 The B200 kernel (`Sm100GroupedGemmKernel`) computes per group D' = A' B'^T, A' (M' x K) and B' (N' x K) K-major
 FP4 with blocked scale factors, D' fp16. A configuration (`TileConfig`, chosen per shape set by a cost model
@@ -241,40 +241,11 @@ class TileConfig:
     def make_kernel(self):
         return Sm100GroupedGemmKernel(self)
 
-    plan_layout = None  # the kernel's PlanLayout (set below: the B200 kernel's is the descriptor table alone)
-
-    def scratch_bytes(self, problem_sizes) -> int:
-        """Bytes of per-input scratch a plan holds after its table and fixed regions (none here)."""
-        return 0
-
     def plan_words(self, problem_sizes) -> int:
-        """Int64 words of device memory a plan owns (`PlanLayout.words`)."""
-        return self.plan_layout.words(len(problem_sizes), self.scratch_bytes(problem_sizes))
+        """Int64 words of device memory a plan owns: the (G, 5, 16) descriptor table (hopper.py's: more)."""
+        return len(problem_sizes) * TENSORMAP_I64_PER_GROUP
 
 
-@dataclasses.dataclass(frozen=True)
-class PlanLayout:
-    """A plan's own device memory, as the host (its size) and the kernels (their addresses) both read it: the
-    (G, 5, 16) Int64 descriptor table, then `fixed_bytes` of the kernel's own (hopper.py: its token counters),
-    then the input's scratch (hopper.py: the converted tokens). Offsets are bytes from the table's start; they
-    take host ints or device integers (the number of groups is a run-time value)."""
-    fixed_bytes: int = 0
-
-    @staticmethod
-    def table_bytes(num_groups):
-        return num_groups * (TENSORMAP_I64_PER_GROUP * 8)
-
-    def fixed_offset(self, num_groups):
-        return self.table_bytes(num_groups)
-
-    def scratch_offset(self, num_groups):
-        return self.table_bytes(num_groups) + self.fixed_bytes
-
-    def words(self, num_groups: int, scratch_bytes: int = 0) -> int:
-        return ceil_div(self.scratch_offset(num_groups) + scratch_bytes, 8)
-
-
-TileConfig.plan_layout = PlanLayout()
 TILE_CONFIGS = {c.tile_name: c for c in (TileConfig(128, 128), TileConfig(128, 256, swap_ab=True))}
 # 2-CTA configurations (a (2,1) cluster per tile): compiled and tested, never the model's choice until they have
 # run on a B200; CONFIG_POLICY may name them ("2cta-256x256/contiguous", ...)
@@ -682,7 +653,7 @@ def host_tables(ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups):
 
 
 def plan_memory(ptr_tensormaps, num_groups):
-    """A plan's memory as the (G, 5, 16) Int64 descriptor table it begins with (`PlanLayout`)."""
+    """A plan's memory as the (G, 5, 16) Int64 descriptor table it begins with (hopper.py's hold more after it)."""
     return cute.make_tensor(
         ptr_tensormaps,
         cute.make_layout((num_groups, TENSORMAPS_PER_GROUP, BYTES_PER_TENSORMAP // 8),
@@ -1959,21 +1930,6 @@ def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
 # the module holding one when imported (hopper.py: sm_90; portable.py: None); this file imports none.
 EXTRA_PATHS: Dict[Optional[Tuple[int, int]], Tuple[str, Callable[[input_t], output_t]]] = {}
 PATH_NONE = "none"  # a GPU that is not a B200, with no path registered for it
-
-
-def register_path(capability: Optional[Tuple[int, int]], label: str, run: Callable[[input_t], output_t]) -> None:
-    """Make `run` (which validates its input) custom_kernel's path for `capability` (None: the other GPUs)."""
-    if capability == (10, 0):
-        raise ValueError("sm_100 runs this module's B200 kernel")
-    EXTRA_PATHS[capability] = (label, run)
-    _path_for_index.cache_clear()
-
-
-def code_path(device: torch.device) -> str:
-    """The label of the implementation `custom_kernel` uses for tensors on `device`."""
-    if device.type != "cuda":
-        return PATH_NONE
-    return _path_for_index(device.index if device.index is not None else torch.cuda.current_device())[0]
 
 
 @functools.lru_cache(maxsize=None)

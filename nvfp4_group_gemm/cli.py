@@ -65,7 +65,8 @@ def environment_line() -> tuple:
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     major, minor = torch.cuda.get_device_capability(device)
-    path = submission.code_path(device)
+    from nvfp4_group_gemm import launch
+    path = launch.code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
     hopper_policy = sys.modules.get("nvfp4_group_gemm.hopper_policy")  # registered by load_submission
@@ -211,7 +212,9 @@ def command_run(options) -> int:
         if bench_cases:
             print("Benchmarks skipped: timing needs a CUDA GPU.")
     else:
-        path = load_submission().code_path(torch.device("cuda"))
+        load_submission()
+        from nvfp4_group_gemm import launch
+        path = launch.code_path(torch.device("cuda"))
         rows = human_tests(test_cases) + human_benchmarks(bench_cases)
         print_report(rows, path, card_of(torch.cuda.get_device_name()))
         failed |= not all(r["ok"] for r in rows)

@@ -88,7 +88,7 @@ def load_submission():
     """The submission module with the code paths beside it registered:
     hopper.py (sm_90) where present, and portable.py (any other CUDA GPU).
     Each makes itself a custom_kernel path when imported
-    (`submission.register_path`); the leaderboard copies only submission.py
+    (`launch.register_path`); the leaderboard copies only submission.py
     and runs only its B200 path."""
     from . import portable, submission  # noqa: F401  (portable registers the path of GPUs without a kernel)
     try:
@@ -105,4 +105,6 @@ def custom_kernel(data):
 
 def code_path(device) -> str:
     """The label of the path `custom_kernel` takes on `device` ("b200-tcgen05", "hopper-sm90", "portable-torch")."""
-    return load_submission().code_path(device)
+    from . import launch
+    load_submission()
+    return launch.code_path(device)

@@ -1,7 +1,7 @@
 """NVFP4 block-scaled grouped GEMM for Hopper (sm_90a): the same operation and
 input contract as `submission.py` (docs/contract.md), for the H100 and H200.
 Importing this module makes it custom_kernel's path on sm_90
-(`submission.register_path`).
+(`launch.register_path`, from hopper_policy.py).
 
 Hopper has no FP4 tensor-core instruction, so the kernel dequantizes:
 
@@ -111,7 +111,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from . import moe_tables, submission
+from . import launch, moe_tables, submission
 from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, GroupTensormaps,
                         TileConfig, TileScheduler, WorkTile, ceil_div, check_budget)
 
@@ -135,7 +135,7 @@ class Diagnostic(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Sm90TileConfig(TileConfig):
+class Sm90TileConfig(launch.PlannedMemory, TileConfig):
     """The launcher's TileConfig (tile_m: tokens per tile, wgmma's N; tile_n:
     weight rows per tile) plus the Hopper kernel's K per stage, narrow last
     tiles and a timing diagnostic. cta_group 2: a (2,1,1) cluster takes each
@@ -245,7 +245,7 @@ TOKEN_STAGING_PAD = 16
 COUNTER_BYTES = 384
 CLAIMED, CONVERTED, PASSED = 0, 128, 256  # byte offsets: units claimed, units converted, CTAs past the wait
 # A plan's memory: the descriptor table, the token counters, then the converted tokens (`Sm90TileConfig.scratch_bytes`)
-SM90_PLAN_LAYOUT = submission.PlanLayout(fixed_bytes=COUNTER_BYTES)
+SM90_PLAN_LAYOUT = launch.PlanLayout(fixed_bytes=COUNTER_BYTES)
 Sm90TileConfig.plan_layout = SM90_PLAN_LAYOUT
 NUM_REGISTER_BUFFERS = 2  # weights' fragments: one converted while the other's wgmma runs
 MAX_AB_STAGES = 16  # the 32-token form's 12 stages fit

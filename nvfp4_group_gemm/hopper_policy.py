@@ -2,18 +2,18 @@
 runs per shape set (`sm90_choice`, from a cost model per tile: SM90_TILE_COST_NS, fitted to H200 sweeps in
 docs/hopper.md), which forms the MoE op launches for T tokens over E experts (`moe_forms`, from routings sampled
 as an unbalanced router makes them), the configuration settings people name (CONFIG_ENV, MOE_FORM_ENV), and the
-sm_90 path's launcher, which registers itself with submission.py when this module is imported
+sm_90 path's launcher, which registers itself with submission.py (`launch.register_path`) when this module is imported
 (`harness.load_submission` does)."""
 import functools
 import os
 from typing import Optional
 
-from . import moe_tables, submission
+from . import launch, moe_tables, submission
 from .hopper import (MOE_IN_ONE_WAVE, MOE_PAST_ONE_WAVE, SM90_CONFIG, SM90_CONFIGS, SM90_MOE_CONFIGS,
                      SM90_MOE_DEFAULT, SM90_NO_PDL, Sm90TileConfig, ceil_div, narrow_last_tiles)
 
 
-PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (submission.code_path)
+PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (launch.code_path)
 CONFIG_ENV = "NVFP4_SM90_CONFIG"  # "NAME[/SCHEDULE]" (`config_from_setting`); unset: `sm90_choice` per shape set
 
 
@@ -209,4 +209,4 @@ def run_sm90(data):
     return _launcher(data)
 
 
-submission.register_path((9, 0), PATH_HOPPER, run_sm90)
+launch.register_path((9, 0), PATH_HOPPER, run_sm90)

@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from . import launch
 from .harness import NUM_INPUTS_PER_BENCHMARK as NUM_INPUTS, benchmark_inputs, clone_data, load_submission
 
 submission = load_submission()  # with hopper.py's sm_90 path where present
@@ -173,7 +174,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
     if not cuda:
         return results
 
-    path = submission.code_path(device)
+    path = launch.code_path(device)
     hopper = sys.modules.get("nvfp4_group_gemm.hopper")  # with hopper_policy, registered by load_submission
     hopper_policy = sys.modules.get("nvfp4_group_gemm.hopper_policy")
     config = None  # the B200 cost model's choice per shape set
@@ -197,7 +198,7 @@ def measure(case_args: dict, repeats: int = 20) -> dict:
 
     def dispatch(data):  # what custom_kernel adds before the launcher
         device = data[0][0][0].device
-        submission.code_path(device)
+        launch.code_path(device)
         torch.cuda.current_device()
     results["warm.custom_kernel dispatch"] = per_call_us(dispatch, inputs, repeats)
 

@@ -13,7 +13,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 
-from . import submission
+from . import launch, submission
 from .submission import SF_VEC_SIZE, ceil_div
 
 
@@ -249,7 +249,7 @@ OFFSETS_BUILDER_ARGUMENTS = submission.argument_spec(OffsetsBuilder.build_from_o
 
 
 @dataclasses.dataclass(frozen=True)
-class Sm100MoeConfig(submission.TileConfig):
+class Sm100MoeConfig(launch.PlannedMemory, submission.TileConfig):
     """A B200 MoE form's configuration (device_offsets): its kernel has the builder from offs."""
 
     def make_kernel(self):

@@ -88,7 +88,8 @@ def print_peers(cases: list, rows: list) -> None:
         print("\nPeers skipped: this torch has no torch._grouped_mm.")
         return
     peak = measured_bf16_peak_tflops()
-    path = submission.code_path(torch.device("cuda"))
+    from nvfp4_group_gemm import launch
+    path = launch.code_path(torch.device("cuda"))
     print(f"\nPeers on {torch.cuda.get_device_name()} (mean us per call, leaderboard loop, "
           f"{PEER_SAMPLES} samples; bf16 dense peak measured now: {peak:.0f} TFLOP/s):")
     print(f"  {'#':>2} {'ours':>9} {'grouped_mm':>11} {'deq+gmm':>9} {'portable':>9} "

@@ -2,16 +2,16 @@
 its own. Exact dequantization of A and B to bf16 (every E2M1 x E4M3 product
 has at most 6 significant bits) and a torch GEMM with fp32 accumulation,
 rounded to fp16 into C. Importing this module makes it custom_kernel's path
-on every CUDA GPU without one of its own (`submission.register_path(None, ...)`).
+on every CUDA GPU without one of its own (`launch.register_path(None, ...)`).
 eval.py uses its dequantization for the dequantize-then-grouped_mm peer and the
 reference's self-check."""
 import torch
 
-from . import submission
+from . import launch, submission
 from .submission import SF_VEC_SIZE
 from .task import input_t, output_t
 
-PATH_PORTABLE = "portable-torch"  # custom_kernel's label for this path (submission.code_path)
+PATH_PORTABLE = "portable-torch"  # custom_kernel's label for this path (launch.code_path)
 
 def plain_scale_factors(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     """[32, 4, RB, 4, KB, 1] blocked view -> [rows, K/16] (row r = 128 rb + 32 i4 + i32,
@@ -60,4 +60,4 @@ def run_on_gpu(data: input_t) -> output_t:
     return run_portable(data)
 
 
-submission.register_path(None, PATH_PORTABLE, run_on_gpu)
+launch.register_path(None, PATH_PORTABLE, run_on_gpu)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from nvfp4_group_gemm import submission
+from nvfp4_group_gemm import launch, peers, submission
 from test_host_path import warm_up_graph_capture
 from conftest import BENCHMARK_CASES, TEST_CASES, needs_b200, needs_cuda, needs_hopper, needs_hopper_or_b200
 from nvfp4_group_gemm.peers import awkward_shape_sets
@@ -74,7 +74,7 @@ def test_code_path_label():
     portable = importlib.import_module("nvfp4_group_gemm.portable")
     expected = {(10, 0): submission.PATH_B200, (9, 0): hopper_policy.PATH_HOPPER}.get(capability,
                                                                                       portable.PATH_PORTABLE)
-    assert submission.code_path(torch.device("cuda")) == expected
+    assert launch.code_path(torch.device("cuda")) == expected
 
 
 @pytest.mark.parametrize("case", BENCHMARK_CASES, ids=lambda c: c.spec)
@@ -84,7 +84,7 @@ def test_calls_do_not_block_the_host(case):
     seen) and then 15 warm calls (the same again) all return while the stream is still busy."""
     from nvfp4_group_gemm.harness import benchmark_inputs
     kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper_policy").PATH_HOPPER)
-    if submission.code_path(torch.device("cuda")) not in kernel_paths:
+    if launch.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("only the kernel paths are non-blocking (the portable path copies a table to the GPU)")
     submission.custom_kernel(benchmark_inputs(case.args)[0])  # compiles outside the timed part, as a warm-up does
     inputs = benchmark_inputs(case.args)
@@ -247,7 +247,7 @@ def test_every_hopper_form_on_every_test_shape(name, monkeypatch):
 # ---- consecutive calls overlap (programmatic dependent launch), CUDA graphs, streams --------------------------
 def kernel_path_or_skip():
     kernel_paths = (submission.PATH_B200, importlib.import_module("nvfp4_group_gemm.hopper_policy").PATH_HOPPER)
-    if submission.code_path(torch.device("cuda")) not in kernel_paths:
+    if launch.code_path(torch.device("cuda")) not in kernel_paths:
         pytest.skip("the portable path is not launched with programmatic dependent launch")
 
 

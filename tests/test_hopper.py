@@ -14,7 +14,7 @@ import torch
 
 from conftest import BENCHMARK_CASES, TEST_CASES
 
-from nvfp4_group_gemm import peers
+from nvfp4_group_gemm import launch, peers
 
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
 hopper_policy = pytest.importorskip("nvfp4_group_gemm.hopper_policy")
@@ -130,10 +130,10 @@ def test_sm90_goes_to_the_registered_hopper_kernel_and_falls_back_without_it(mon
         capability[0] = (10, 0)
         assert submission._path_for_index(0) == (submission.PATH_B200, None)
         with pytest.raises(ValueError, match="sm_100 runs this module's B200 kernel"):
-            submission.register_path((10, 0), "other", lambda data: None)
+            launch.register_path((10, 0), "other", lambda data: None)
     finally:
         submission._path_for_index.cache_clear()
-    assert submission.code_path(torch.device("cpu")) == submission.PATH_NONE
+    assert launch.code_path(torch.device("cpu")) == submission.PATH_NONE
 
 
 def test_the_launcher_uses_the_hopper_tile_for_its_tables():

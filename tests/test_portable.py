@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from nvfp4_group_gemm import portable
-from nvfp4_group_gemm import submission
+from nvfp4_group_gemm import launch, portable, submission
 from conftest import TEST_CASES
 from nvfp4_group_gemm.reference import generate_input, ref_kernel
 
@@ -39,4 +38,4 @@ def test_portable_path_with_m_1_33_129():
 
 def test_portable_registers_itself_for_gpus_without_a_path():
     assert submission.EXTRA_PATHS[None] == (portable.PATH_PORTABLE, portable.run_on_gpu)
-    assert submission.code_path(torch.device("cpu")) == submission.PATH_NONE  # custom_kernel refuses CPU tensors
+    assert launch.code_path(torch.device("cpu")) == submission.PATH_NONE  # custom_kernel refuses CPU tensors
