@@ -1921,10 +1921,6 @@ class GroupedGemmLauncher:
 _b200_launcher = GroupedGemmLauncher()
 
 
-def run_b200(data: input_t, config: Optional[TileConfig] = None) -> output_t:
-    return _b200_launcher(data, config)
-
-
 # ==== Entry point ====================================================================================================
 # Code paths beside the B200 kernel: {(major, minor) or None (any other CUDA GPU): (label, run)}, registered by
 # the module holding one when imported (hopper.py: sm_90; portable.py: None); this file imports none.
@@ -1957,9 +1953,9 @@ def custom_kernel(data: input_t) -> output_t:
     path, run = _path_for_index(index)
     if path == PATH_B200:
         if _current_device() == index:
-            return run_b200(data)
+            return _b200_launcher(data)
         with torch.cuda.device(index):
-            return run_b200(data)
+            return _b200_launcher(data)
     if run is None:
         raise RuntimeError(f"{torch.cuda.get_device_name(index)} is not a B200 and no code path is registered "
                            "for it: import hopper (sm_90) or portable (any CUDA GPU) first")

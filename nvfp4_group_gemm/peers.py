@@ -136,6 +136,18 @@ def awkward_shape_sets() -> list:
             for m in (1, 72, 129, 257) for n in (128, 384)]
 
 
+_b200_launchers = []  # one launcher, made at the first call
+
+
+def run_b200(data, config):
+    """submission.py's B200 kernel on `data` under `config` (a launcher of this module's; its plans apart from
+    custom_kernel's)."""
+    from nvfp4_group_gemm import submission
+    if not _b200_launchers:
+        _b200_launchers.append(submission.GroupedGemmLauncher())
+    return _b200_launchers[0](data, config)
+
+
 def sweep_b200(bench_cases: list) -> int:
     """On a B200: every configuration and schedule CONFIG_POLICY may name, checked against the reference on
     the task's tests and `awkward_shape_sets` first; the exact ones timed on the benchmarks (the leaderboard's
@@ -152,7 +164,7 @@ def sweep_b200(bench_cases: list) -> int:
         for case in checks:
             data = generate_input(**case.args)
             try:
-                passed, message = check_implementation(data, submission.run_b200(clone_data(data), config))
+                passed, message = check_implementation(data, run_b200(clone_data(data), config))
             except Exception as error:  # a failed launch is this configuration's verdict
                 passed, message = False, describe_error(error)
             if not passed:
@@ -161,7 +173,7 @@ def sweep_b200(bench_cases: list) -> int:
         if not wrong:
             for i, case in bench_cases:
                 inputs = benchmark_inputs(case.args)
-                times[i] = time_loop_us(lambda data, c=config: submission.run_b200(data, c), inputs)
+                times[i] = time_loop_us(lambda data, c=config: run_b200(data, c), inputs)
         modeled = {i: submission.model_time_us(problem_sizes_of(case.args), config).time_us for i, case in bench_cases}
         rows.append({"config": config.name, "exact": f"{len(checks) - len(wrong)}/{len(checks)}", "wrong": wrong,
                      "us": times, "model_us": modeled})

@@ -246,7 +246,7 @@ def test_the_b200_sweep_runs_end_to_end_with_stand_ins(monkeypatch, capsys):
         return out
     timed = []
     monkeypatch.setattr(submission, "policy_candidates", lambda: [good, bad])
-    monkeypatch.setattr(submission, "run_b200", run)
+    monkeypatch.setattr(peers, "run_b200", run)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "stand-in B200")
     monkeypatch.setattr(peers, "benchmark_inputs", lambda args: [args])
     monkeypatch.setattr(peers, "time_loop_us", lambda fn, inputs: timed.append(inputs[0]["m"][0]) or 10.0 * len(timed))

@@ -142,7 +142,7 @@ def run_config_and_check(data, config, launcher=None):
     """`config` forced on `data` (every output element poisoned first), checked against the reference."""
     for _, _, c in data[0]:
         c.fill_(float("nan"))
-    output = (launcher or submission.run_b200)(data, config)
+    output = (launcher or peers.run_b200)(data, config)
     torch.cuda.synchronize()
     ok, message = check_implementation(data, output)
     assert ok, f"{config.name}: {message}"
