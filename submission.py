@@ -721,15 +721,6 @@ def pipeline_arrive_counts(config: TileConfig, roles: Sm100WarpRoles = SM100_ROL
     return PipelineArrives(1, roles.acc_consumer_arrives * config.cta_group)
 
 
-def check_cluster_arrives(config: TileConfig, cluster_vmnk, roles: Sm100WarpRoles = SM100_ROLES) -> None:
-    """The ab pipeline's consumer count against the CTAs its loads reach along M and N (trace time: a mismatch
-    would hang a B200)."""
-    reach = cute.size(cluster_vmnk, mode=[1]) + cute.size(cluster_vmnk, mode=[2]) - 1
-    consumers = pipeline_arrive_counts(config, roles).ab_consumers
-    if consumers != reach or cute.size(cluster_vmnk, mode=[0]) != config.cta_group:
-        raise ValueError(f"{config.name}: ab consumers {consumers}, cluster {cluster_vmnk} (loads reach {reach} CTAs)")
-
-
 class CtaPair(NamedTuple):
     """Where a CTA stands among its MMA's CTAs: alone (`two_cta` False: the leader, coordinate 0, no multicast),
     or the leader (x = 0, which issues the pair's MMAs) or follower (x = 1) of a (2,1) cluster."""
@@ -984,7 +975,10 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         """TMA warp -> MMA warp over the A/B/SFA/SFB stages: the producer's one arrive plus a stage's bytes (a
         pair's leader: both CTAs', its barrier takes the pair's 2-SM loads); one tcgen05.commit frees a stage."""
         arrives = pipeline_arrive_counts(self.config, self.roles)
-        check_cluster_arrives(self.config, cluster_vmnk, self.roles)
+        reach = cute.size(cluster_vmnk, mode=[1]) + cute.size(cluster_vmnk, mode=[2]) - 1  # CTAs its loads reach
+        if arrives.ab_consumers != reach or cute.size(cluster_vmnk, mode=[0]) != self.config.cta_group:
+            raise ValueError(f"{self.config.name}: ab consumers {arrives.ab_consumers}, cluster {cluster_vmnk} "
+                             f"(loads reach {reach} CTAs)")
         thread = pipeline.Agent.Thread
         return pipeline.PipelineTmaUmma.create(
             barrier_storage=barriers, num_stages=self.num_ab_stages,
@@ -1279,14 +1273,6 @@ class CompiledGemm(NamedTuple):
     kernel: object
     functions: Dict[str, tuple]
 
-    @property
-    def gemm(self):
-        return self.functions["gemm"][0]
-
-    @property
-    def build_tensormaps(self):
-        return self.functions["build_tensormaps"][0]
-
     def host_function(self, name: str, device_index: int) -> "HostFunction":
         return HostFunction(*self.functions[name], device_index)
 
@@ -1345,18 +1331,6 @@ def _expected_tensors(m: int, n: int, k: int) -> tuple:
             ("sfa_reordered", torch.float8_e4m3fn, *sfa), ("sfb_reordered", torch.float8_e4m3fn, *sfb))
 
 
-def validate_input(data) -> None:
-    """Raise ValueError naming the group and the problem if `data` is not an input this module can compute."""
-    placed = validate_structure(data)
-    # Devices last, so that everything else can be exercised on a CPU.
-    device = placed[0][2]
-    for g, name, where in placed:
-        if where.type != "cuda":
-            raise ValueError(f"group {g}: {name} is on {where}, expected a CUDA device")
-        if where != device:
-            raise ValueError(f"group {g}: {name} is on {where}, other tensors on {device}")
-
-
 def check_group_lengths(data) -> int:
     """The group count G, once the four lists are known to agree on it."""
     if not isinstance(data, (tuple, list)) or len(data) != 4:
@@ -1383,8 +1357,9 @@ def check_problem_size(g: int, size) -> None:
         raise ValueError(f"group {g}: K={k} is not a positive multiple of {K_MULTIPLE}")
 
 
-def validate_structure(data) -> list:
-    """Every check of `validate_input` but the devices; returns (group, name, device) of every tensor."""
+def validate_input(data, devices: bool = True) -> list:
+    """Raise ValueError naming the group and the problem if `data` is not an input this module can compute (with
+    `devices` False: every check but the devices'); returns (group, name, device) of every tensor."""
     check_group_lengths(data)
     abc_tensors, _, sfasfb_reordered_tensors, problem_sizes = data
     placed = []
@@ -1409,6 +1384,11 @@ def validate_structure(data) -> list:
             if tensor.data_ptr() % PTR_ALIGN_BYTES:
                 raise ValueError(f"group {g}: {name} is not {PTR_ALIGN_BYTES}-byte aligned")
             placed.append((g, name, tensor.device))
+    for g, name, where in placed if devices else ():  # devices last, so that the rest can be exercised on a CPU
+        if where.type != "cuda":
+            raise ValueError(f"group {g}: {name} is on {where}, expected a CUDA device")
+        if where != placed[0][2]:
+            raise ValueError(f"group {g}: {name} is on {where}, other tensors on {placed[0][2]}")
     return placed
 
 
@@ -1437,9 +1417,7 @@ def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Op
         check_problem_size(g, size)
     config = config or choose(problem_sizes, num_sms)
     tiles = tile_count(problem_sizes, config)
-    units = num_sms // config.cta_group
-    if config.cta_group == 2 and max_pairs:
-        units = min(units, max_pairs)
+    units = min(num_sms // config.cta_group, max_pairs or num_sms) if config.cta_group == 2 else num_sms
     ctas = persistent_ctas(tiles, units, config.schedule.balanced_ctas)
     order = group_order(problem_sizes, config.schedule)
     ordered = [problem_sizes[g] for g in order]
@@ -1517,22 +1495,18 @@ current_stream_handle = getattr(torch._C, "_cuda_getCurrentRawStream", None) or 
 
 
 @functools.lru_cache(maxsize=None)
-def _memcpy_htod_async():
-    """The driver's cuMemcpyHtoDAsync_v2 through ctypes (libcuda.so.1, which CUDA torch loads too). From
-    pageable memory it stages the bytes before returning, so the source may go at once."""
-    fn = ctypes.CDLL("libcuda.so.1").cuMemcpyHtoDAsync_v2
-    fn.argtypes = (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    fn.restype = ctypes.c_int
+def _driver_function(name: str, *argtypes):
+    """The driver's `name` through ctypes (libcuda.so.1, which CUDA torch loads too), returning its CUresult."""
+    fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
     return fn
 
 
-@functools.lru_cache(maxsize=None)
-def _exchange_capture_mode():
-    """The driver's cuThreadExchangeStreamCaptureMode through ctypes."""
-    fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
-    fn.argtypes = (ctypes.POINTER(ctypes.c_int),)
-    fn.restype = ctypes.c_int
-    return fn
+# From pageable memory cuMemcpyHtoDAsync_v2 stages the bytes before returning, so the source may go at once.
+_memcpy_htod_async = functools.partial(_driver_function, "cuMemcpyHtoDAsync_v2", ctypes.c_uint64, ctypes.c_void_p,
+                                       ctypes.c_size_t, ctypes.c_void_p)
+_exchange_capture_mode = functools.partial(_driver_function, "cuThreadExchangeStreamCaptureMode",
+                                           ctypes.POINTER(ctypes.c_int))
 
 
 CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
