@@ -1495,18 +1495,22 @@ current_stream_handle = getattr(torch._C, "_cuda_getCurrentRawStream", None) or 
 
 
 @functools.lru_cache(maxsize=None)
-def _driver_function(name: str, *argtypes):
-    """The driver's `name` through ctypes (libcuda.so.1, which CUDA torch loads too), returning its CUresult."""
-    fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
-    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+def _memcpy_htod_async():
+    """The driver's cuMemcpyHtoDAsync_v2 through ctypes (libcuda.so.1, which CUDA torch loads too). From
+    pageable memory it stages the bytes before returning, so the source may go at once."""
+    fn = ctypes.CDLL("libcuda.so.1").cuMemcpyHtoDAsync_v2
+    fn.argtypes = (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
     return fn
 
 
-# From pageable memory cuMemcpyHtoDAsync_v2 stages the bytes before returning, so the source may go at once.
-_memcpy_htod_async = functools.partial(_driver_function, "cuMemcpyHtoDAsync_v2", ctypes.c_uint64, ctypes.c_void_p,
-                                       ctypes.c_size_t, ctypes.c_void_p)
-_exchange_capture_mode = functools.partial(_driver_function, "cuThreadExchangeStreamCaptureMode",
-                                           ctypes.POINTER(ctypes.c_int))
+@functools.lru_cache(maxsize=None)
+def _exchange_capture_mode():
+    """The driver's cuThreadExchangeStreamCaptureMode through ctypes."""
+    fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    fn.argtypes = (ctypes.POINTER(ctypes.c_int),)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
