@@ -131,8 +131,8 @@ def moe_scheduled(config: Sm90TileConfig, tokens: int, experts: int, n: int, num
 
 
 MOE_FORM_ENV = "NVFP4_SM90_MOE_FORM"  # "NAME[/SCHEDULE]" of SM90_MOE_CONFIGS (`moe_forms`); unset: `moe_choice`
-# the MoE op's form setting: MOE_FORM_ENV's value when this module is imported, then what `set_moe_form` sets (read
-# here on every call: an environment lookup per call took about a tenth of the op's host path)
+# the MoE op's form setting: MOE_FORM_ENV's value when this module is imported, then what `set_moe_form` sets (the
+# op reads this on every call, the environment once: a lookup of the environment is a slow part of a warm call)
 moe_form: Optional[str] = os.environ.get(MOE_FORM_ENV) or None
 
 
