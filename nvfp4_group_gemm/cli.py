@@ -14,7 +14,7 @@ from nvfp4_group_gemm import toolchain
 from nvfp4_group_gemm.casefile import (BENCHMARKS_FILE, SHAPE_RULES, SPEC_EXAMPLE, TESTS_FILE, BadCase,
                                        MalformedTestFile, TestCase, parse_shape, problem_sizes_of, read_test_file)
 from nvfp4_group_gemm.compile_gate import compile_gate, compile_one_main, contract_shape_sets, task_shape_sets
-from nvfp4_group_gemm.harness import clone_data, flush_description, load_submission
+from nvfp4_group_gemm.harness import clone_data, code_path, flush_description, load_submission
 from nvfp4_group_gemm.measure import (Card, Stats, b200_speed_of_light_ns, card_of, floor_us, flops_of,
                                       geometric_mean, run_single_benchmark, run_single_test, short_spec)
 
@@ -65,8 +65,7 @@ def environment_line() -> tuple:
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     major, minor = torch.cuda.get_device_capability(device)
-    from nvfp4_group_gemm import launch
-    path = launch.code_path(device)
+    path = code_path(device)
     if path == submission.PATH_B200:
         return f"{name} (sm_{major}{minor}): running the B200 tcgen05 kernel [{path}].", True
     hopper_policy = sys.modules.get("nvfp4_group_gemm.hopper_policy")  # registered by load_submission
@@ -212,9 +211,7 @@ def command_run(options) -> int:
         if bench_cases:
             print("Benchmarks skipped: timing needs a CUDA GPU.")
     else:
-        load_submission()
-        from nvfp4_group_gemm import launch
-        path = launch.code_path(torch.device("cuda"))
+        path = code_path(torch.device("cuda"))
         rows = human_tests(test_cases) + human_benchmarks(bench_cases)
         print_report(rows, path, card_of(torch.cuda.get_device_name()))
         failed |= not all(r["ok"] for r in rows)

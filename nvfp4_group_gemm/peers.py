@@ -1,9 +1,10 @@
 """On a GPU: this project's path against torch's grouped GEMM in the same run (`print_peers`), and the sweeps of
 every configuration (`eval.py sweep`: the B200's, or hopper.py's forms on a Hopper GPU)."""
+import functools
 import itertools
 
 from nvfp4_group_gemm.casefile import TESTS_FILE, TestCase, problem_sizes_of, read_test_file
-from nvfp4_group_gemm.harness import benchmark_inputs, clone_data, flush_l2, load_submission
+from nvfp4_group_gemm.harness import benchmark_inputs, clone_data, code_path, flush_l2, load_submission
 from nvfp4_group_gemm.measure import describe_error, flops_of, geometric_mean, short_spec
 
 
@@ -88,8 +89,7 @@ def print_peers(cases: list, rows: list) -> None:
         print("\nPeers skipped: this torch has no torch._grouped_mm.")
         return
     peak = measured_bf16_peak_tflops()
-    from nvfp4_group_gemm import launch
-    path = launch.code_path(torch.device("cuda"))
+    path = code_path(torch.device("cuda"))
     print(f"\nPeers on {torch.cuda.get_device_name()} (mean us per call, leaderboard loop, "
           f"{PEER_SAMPLES} samples; bf16 dense peak measured now: {peak:.0f} TFLOP/s):")
     print(f"  {'#':>2} {'ours':>9} {'grouped_mm':>11} {'deq+gmm':>9} {'portable':>9} "
@@ -136,16 +136,16 @@ def awkward_shape_sets() -> list:
             for m in (1, 72, 129, 257) for n in (128, 384)]
 
 
-_b200_launchers = []  # one launcher, made at the first call
+@functools.lru_cache(maxsize=None)
+def b200_launcher():
+    """This module's launcher of submission.py's B200 kernel (its plans apart from custom_kernel's), made once."""
+    from nvfp4_group_gemm import submission
+    return submission.GroupedGemmLauncher()
 
 
 def run_b200(data, config):
-    """submission.py's B200 kernel on `data` under `config` (a launcher of this module's; its plans apart from
-    custom_kernel's)."""
-    from nvfp4_group_gemm import submission
-    if not _b200_launchers:
-        _b200_launchers.append(submission.GroupedGemmLauncher())
-    return _b200_launchers[0](data, config)
+    """submission.py's B200 kernel on `data` under `config`."""
+    return b200_launcher()(data, config)
 
 
 def sweep_b200(bench_cases: list) -> int:
