@@ -152,8 +152,8 @@ def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
 
 def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
     """The MoE op's forms on sm_90, launched in this order: the one `moe_form` names (MOE_FORM_ENV, or
-    `set_moe_form`: to time each form on a workload), else `moe_choice`'s, and after it the default form where some routing's tiles, not every one's,
-    fit the default form's grid in one wave (their rows multiples of 128, as routers that pad each expert's
+    `set_moe_form`: to time each form on a workload), else `moe_choice`'s, and after it the default form where
+    some routing's tiles, not every one's, fit the default form's grid in one wave (their rows multiples of 128, as routers that pad each expert's
     rows to a block, or give each the same capacity, make them): there the default form's busiest CTA runs
     one 128 x 128 tile. With two, the device chooses from the routing (`MOE_TWO_FORM_RULES`: the default form
     takes the calls that fit, the other the rest; the launch not taking a call ends after its wait)."""

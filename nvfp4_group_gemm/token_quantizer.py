@@ -126,8 +126,8 @@ def pack_codes(codes, values: list, code_of) -> None:
 @cute.jit
 def positive_finite(value: cutlass.Float32) -> cutlass.Uint32:
     """1 where 0 < value < inf, else 0 (NaN too)."""
-    return ptx(U32, [value], "{\n\t.reg .pred p;\n\tsetp.gt.f32 p, $1, 0f00000000;\n\t"
-               "@p setp.lt.f32 p, $1, 0f7F800000;\n\tselp.u32 $0, 1, 0, p;\n\t}", "=r,f")
+    return ptx(U32, [value], f"{{\n\t.reg .pred p;\n\tsetp.gt.f32 p, $1, {f32_bits(0.0)};\n\t"
+               f"@p setp.lt.f32 p, $1, {f32_bits(float('inf'))};\n\tselp.u32 $0, 1, 0, p;\n\t}}", "=r,f")
 
 
 @cute.jit
