@@ -33,8 +33,9 @@ def public_designs() -> dict:
     from nvfp4_group_gemm import submission
     from nvfp4_group_gemm.submission import Schedule
     square = submission.TILE_CONFIGS["128x128"]
-    pair = submission.PAIR_CONFIGS["2cta-256x256"]
-    swapped_pair = submission.PAIR_CONFIGS["2cta-swap-256x128"].with_schedule(Schedule(groups_by_m=True))
+    # the 2-CTA designs as the model expresses them (submission.py's kernel has no 2-CTA form)
+    pair = submission.TileConfig(256, 256, cta_group=2)
+    swapped_pair = submission.TileConfig(256, 128, swap_ab=True, cta_group=2, schedule=Schedule(groups_by_m=True))
 
     def log_step(step: int):
         contiguous = Schedule(contiguous=step >= 1)

@@ -190,12 +190,12 @@ def test_the_b200_sweep_checks_valid_awkward_cases_and_prints_a_table():
         (m, n) for m in (1, 72, 129, 257) for n in (128, 384)}
     rows = [{"config": "128x128/round-robin", "exact": "18/18", "wrong": [], "us": {0: 30.0, 1: 20.0},
              "model_us": {0: 31.0, 1: 21.0}},
-            {"config": "2cta-256x256/contiguous", "exact": "17/18", "wrong": ["m: [1, 65]; ...: mismatch"], "us": {},
+            {"config": "swap-128x256/contiguous", "exact": "17/18", "wrong": ["m: [1, 65]; ...: mismatch"], "us": {},
              "model_us": {0: 28.0, 1: 22.0}}]
     table = peers.format_b200_sweep(rows, [0, 1], {0: "128x128/round-robin"}).splitlines()
     assert table[0].split() == ["configuration", "exact", "#0", "us", "#1", "us", "geomean", "model"]
     assert table[1].split() == ["128x128/round-robin", "18/18", "30.00*", "20.00", "24.49", "25.51"]
-    assert table[2].split() == ["2cta-256x256/contiguous", "17/18", "-", "-", "-", "24.82"]
+    assert table[2].split() == ["swap-128x256/contiguous", "17/18", "-", "-", "-", "24.82"]
     assert table[3] == "    wrong: m: [1, 65]; ...: mismatch"
 
 

@@ -517,13 +517,14 @@ def test_freezing_takes_every_live_object_out_of_full_collections():
 
 
 def test_a_pair_grid_is_capped_at_the_clusters_the_device_holds():
-    """A persistent grid of CTA pairs is sized by the 2-SM clusters that fit at once (as NVIDIA's examples size
-    theirs), never above SMs // 2; one-CTA configurations are unaffected."""
-    pair, single = submission.PAIR_CONFIGS["2cta-256x256"], submission.TILE_CONFIGS["128x128"]
+    """A persistent grid of CTA pairs (hopper.py's pair forms) is sized by the 2-SM clusters that fit at once (as
+    NVIDIA's examples size theirs), never above SMs // 2; one-CTA configurations are unaffected."""
+    from nvfp4_group_gemm import hopper
+    pair, single = hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"], submission.TILE_CONFIGS["128x128"]
     sizes = ((512, 4096, 7168, 1),) * 8
-    assert submission.shape_plan(sizes, -1, 148, pair).ctas == 74
-    assert submission.shape_plan(sizes, -1, 148, pair, max_pairs=70).ctas == 70
-    assert submission.shape_plan(sizes, -1, 148, pair, max_pairs=80).ctas == 74
+    assert submission.shape_plan(sizes, -1, 132, pair).ctas == 66
+    assert submission.shape_plan(sizes, -1, 132, pair, max_pairs=60).ctas == 60
+    assert submission.shape_plan(sizes, -1, 132, pair, max_pairs=80).ctas == 66
     assert submission.shape_plan(sizes, -1, 148, single, max_pairs=70).ctas == 148
 
 
