@@ -18,21 +18,17 @@ tile_n, K = 256 per stage), how the CTAs share the tiles (`Schedule`) and whethe
 - swapped: A' = b, B' = a, D' = C^T (column-major view of C), M' = N, N' = M: the weights' N is the MMA's M
   side and the tokens' M its N side, so a tile spans up to tile_n tokens and each weight row is read once.
 
-Persistent, warp-specialized, one CTA per SM at most. A 1-CTA configuration (cta_group 1, no cluster) runs
-tile_m = 128; a 2-CTA one (cta_group 2, `PAIR_CONFIGS`: compiled, never yet run) runs each tile_m = 256 MMA
-over a (2,1) cluster, tcgen05 cta_group::2: each CTA loads its half of A', B', SFA' by 2-SM TMA loads that
-complete on the leader's (x = 0) barrier, and half of SFB' multicast to both (each CTA's TMEM holds all of it);
-the leader issues the MMAs; each CTA's epilogue stores its 128 rows (`CtaPair`).
+Persistent, warp-specialized, one CTA per SM at most, each MMA one CTA's (tile_m = 128, tcgen05 cta_group::1,
+no cluster).
   warps 0-3  epilogue: TMEM -> registers -> fp16 -> shared memory -> TMA store
-  warp 4     MMA: scale factors shared -> tensor memory, tcgen05.mma (one thread; a pair's leader only)
+  warp 4     MMA: scale factors shared -> tensor memory, tcgen05.mma (one thread)
   warp 5     TMA producer: A', B', SFA', SFB' tiles into shared-memory stages
 Pipelines (producer -> consumer, arrive counts; `Sm100WarpRoles`, `pipeline_arrive_counts`, each made by a
 `make_*_pipeline` method that checks its counts):
-  ab   PipelineTmaUmma, `num_ab_stages` stages: TMA warp (1 arrive + transaction bytes of one stage, a pair's
-       leader: of both CTAs' stages) -> MMA warp (1 arrive, tcgen05.commit, a pair's to both CTAs)
+  ab   PipelineTmaUmma, `num_ab_stages` stages: TMA warp (1 arrive + transaction bytes of one stage) -> MMA
+       warp (1 arrive, tcgen05.commit)
   acc  PipelineUmmaAsync, `num_acc_stages` stages (2 when the accumulator fits twice in TMEM): MMA warp
-       (1 arrive, tcgen05.commit) -> epilogue (4 arrives per CTA, one elected thread per epilogue warp; a
-       pair: 8, on the leader's barrier)
+       (1 arrive, tcgen05.commit) -> epilogue (4 arrives, one elected thread per epilogue warp)
   c    PipelineTmaStore, `num_c_stages` shared-memory buffers, epilogue warps.
 Stages: as many A/B/SFA/SFB stages as fit beside the C buffers and barriers (`_compute_stages`).
 TMEM (512 columns): `num_acc_stages` x tile_n fp32 accumulator columns, then the SFA, SFB columns of one K stage.
@@ -96,8 +92,7 @@ except ImportError:  # a file beside task.py: the leaderboard, the repository ro
 # ==== Configuration ==================================================================================================
 # What the B200 path runs: "model", the cost model's choice of tile configuration and schedule per shape set
 # (`choose_config`), or one name of `policy_candidates()` ("128x128/round-robin", "swap-128x256/contiguous",
-# "2cta-256x256/contiguous", ...) for every call. The setting to change first if a configuration fails on a B200
-# (README).
+# ...) for every call. The setting to change first if a configuration fails on a B200 (README).
 CONFIG_POLICY = "model"
 AB_DTYPE = cutlass.Float4E2M1FN
 SF_DTYPE = cutlass.Float8E4M3FN
@@ -128,7 +123,7 @@ class Sm100WarpRoles:
     """The B200 kernel's warps and named barriers (0 is __syncthreads). The pipelines' arrive counts derive from
     it (`pipeline_arrive_counts`), and `check` runs where a kernel is made (a mismatch would hang a B200)."""
     epilogue_warps: Tuple[int, ...] = (0, 1, 2, 3)  # TMEM -> registers -> shared memory -> TMA store
-    mma_warp: int = 4  # scale factors to TMEM, tcgen05.mma (one thread; a pair's leader only)
+    mma_warp: int = 4  # scale factors to TMEM, tcgen05.mma (one thread)
     tma_warp: int = 5  # A', B', SFA', SFB' into the shared-memory stages
     epilogue_barrier: int = 1  # the epilogue warps among themselves
     tmem_alloc_barrier: int = 2  # the epilogue warps and the MMA warp: the TMEM address published
@@ -200,12 +195,13 @@ SCHEDULES = {s.name: s for s in (Schedule(), Schedule(contiguous=True), Schedule
 class TileConfig:
     """A B200 kernel configuration: the scheduler's (and CTA's MMA) tile of D', whether A, B are swapped, and how
     the CTAs share the tiles. Its name derives from its fields (`tile_name`/`schedule.name`, e.g.
-    "2cta-swap-256x128/contiguous"); `parse_config` reads one back. The launcher uses only these fields and
+    "swap-128x256/contiguous"); `parse_config` reads one back. The launcher uses only these fields and
     methods, so another architecture's kernel (hopper.py) subclasses it."""
-    tile_m: int  # the MMA's tile along M' (128 on one CTA; 256 over a pair)
+    tile_m: int  # the MMA's tile along M' (128: one CTA's)
     tile_n: int  # CTA tile along N' (128 or 256)
     swap_ab: bool = False  # A' = b, B' = a, D' = C^T
-    # CTAs per MMA: 1, or 2 (a (2,1) cluster, tcgen05 cta_group::2: each CTA takes 128 of tile_m's rows)
+    # CTAs per tile: 1 (this kernel's only), or 2 (a pair: hopper.py's pair forms; the public 2-CTA designs the
+    # cost model is fitted to, model_report.public_designs)
     cta_group: int = 1
     pdl: bool = True  # launched with programmatic stream serialization (overlaps the previous kernel's tail)
     schedule: Schedule = Schedule()
@@ -217,7 +213,7 @@ class TileConfig:
 
     @property
     def tile_name(self) -> str:
-        """The tile configuration's name ("128x128", "swap-128x256", "2cta-256x256", ...)."""
+        """The tile configuration's name ("128x128", "swap-128x256", "2cta-256x256" for a pair, ...)."""
         return ((f"{self.cta_group}cta-" if self.cta_group > 1 else "") + ("swap-" if self.swap_ab else "")
                 + f"{self.tile_m}x{self.tile_n}" + ("" if self.pdl else "-no-pdl")
                 + ("-offs" if self.device_offsets else "") + ("-bf16" if self.bf16_output else ""))
@@ -247,10 +243,6 @@ class TileConfig:
 
 
 TILE_CONFIGS = {c.tile_name: c for c in (TileConfig(128, 128), TileConfig(128, 256, swap_ab=True))}
-# 2-CTA configurations (a (2,1) cluster per tile): compiled and tested, never the model's choice until they have
-# run on a B200; CONFIG_POLICY may name them ("2cta-256x256/contiguous", ...)
-PAIR_CONFIGS = {c.tile_name: c for c in (TileConfig(256, 256, cta_group=2),
-                                         TileConfig(256, 128, swap_ab=True, cta_group=2))}
 
 
 def parse_config(text: str, tiles: Dict[str, TileConfig], what: str = "configuration") -> TileConfig:
@@ -383,7 +375,7 @@ def model_time_us(problem_sizes, config: TileConfig, num_sms: int = SM100_SM_COU
         unique_bytes += (mp + np_) * k // 2 + (mp + np_) * k // SF_VEC_SIZE + 2 * mp * np_
         k_stages = ceil_div(k, config.tile_mnk[2])
         tiles += [(k_stages, group)] * (ceil_div(mp, config.tile_m) * ceil_div(np_, config.tile_n))
-    # a tile of a 2-CTA configuration is one pair's: count pairs as the scheduler's "CTAs"
+    # a tile of a 2-CTA design (public ones, model_report) is one pair's: count pairs as the scheduler's "CTAs"
     units = persistent_ctas(len(tiles), num_sms // config.cta_group, config.schedule.balanced_ctas)
     stages_in_flight = _compute_stages_for_model(config)
     per_cta_bw = min(stages_in_flight * stage_bytes(config) / constants.latency_s, MODEL_SM_LOAD_BYTES_PER_S)
@@ -422,14 +414,13 @@ def choose_config(problem_sizes, num_sms: int = SM100_SM_COUNT) -> TileConfig:
 
 
 def policy_candidates() -> list:
-    """What CONFIG_POLICY may name: the model's candidates and the 2-CTA configurations (PAIR_CONFIGS), each
-    under every schedule of SCHEDULES."""
-    return model_candidates() + [c.with_schedule(s) for c in PAIR_CONFIGS.values() for s in SCHEDULES.values()]
+    """What CONFIG_POLICY may name: the model's candidates."""
+    return model_candidates()
 
 
 def policy_config(name: str) -> TileConfig:
     """The configuration CONFIG_POLICY names (`parse_config`); ValueError listing the names otherwise."""
-    return parse_config(name, {**TILE_CONFIGS, **PAIR_CONFIGS}, "CONFIG_POLICY (or \"model\")")
+    return parse_config(name, TILE_CONFIGS, "CONFIG_POLICY (or \"model\")")
 
 
 @functools.lru_cache(maxsize=256)
@@ -449,9 +440,9 @@ def _compute_stages_for_model(config: TileConfig) -> int:
 
 
 def stage_bytes(config: TileConfig) -> int:
-    """Bytes of one CTA's A/B/SFA/SFB stage: a pair of `cta_group` 2 splits A', B' and SFA' rows between its two
-    CTAs, while each holds all of the tile's SFB' (its MMA reads them from its own TMEM); scale factors come in
-    whole 128-row blocks."""
+    """Bytes of one CTA's A/B/SFA/SFB stage: a pair of `cta_group` 2 (a public design's) splits A', B' and SFA'
+    rows between its two CTAs, while each holds all of the tile's SFB' (its MMA reads them from its own TMEM);
+    scale factors come in whole 128-row blocks."""
     m, n, k = config.tile_mnk
     sf = (ceil_div(m // config.cta_group, 128) * 128 + ceil_div(n, 128) * 128) * k // SF_VEC_SIZE
     return (m + n) // config.cta_group * k // 2 + sf
@@ -714,39 +705,10 @@ class PipelineArrives(NamedTuple):
     acc_consumers: int
 
 
-def pipeline_arrive_counts(config: TileConfig, roles: Sm100WarpRoles = SM100_ROLES) -> PipelineArrives:
-    """ab: one tcgen05.commit per stage by the MMA warp (a pair's leader's reaches both CTAs' barriers; A' and
-    B' are multicast to no CTA beyond the pair: 1 + 1 - 1); acc: one elected thread per epilogue warp of each
-    CTA that reads the accumulator (both of a pair: each releases its half to the leader)."""
-    return PipelineArrives(1, roles.acc_consumer_arrives * config.cta_group)
-
-
-class CtaPair(NamedTuple):
-    """Where a CTA stands among its MMA's CTAs: alone (`two_cta` False: the leader, coordinate 0, no multicast),
-    or the leader (x = 0, which issues the pair's MMAs) or follower (x = 1) of a (2,1) cluster."""
-    two_cta: bool
-    is_leader: object
-    mma_v: object  # the CTA's half of the pair's MMA (its slice of the tiled MMA)
-    rank: object  # in the cluster
-    tmem_dealloc_mbar: object  # the peer's epilogue warp 0 arrives on it (32) when done with TMEM
-
-    @staticmethod
-    def create(two_cta: bool, tmem_dealloc_mbar) -> "CtaPair":
-        if not two_cta:
-            return CtaPair(False, True, 0, 0, None)
-        bidx, _, _ = cute.arch.block_idx()
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        return CtaPair(True, bidx % 2 == 0, bidx % 2, rank, tmem_dealloc_mbar)
-
-    def coord(self, cluster_vmnk, mode: int):
-        """The CTA's coordinate along `mode` of a (V, M, N, L) cluster layout."""
-        return cluster_vmnk.get_flat_coord(self.rank)[mode] if self.two_cta else 0
-
-    def mcast_mask(self, cluster_vmnk, mode: int):
-        """The CTAs a load of this CTA reaches along `mode` (None alone)."""
-        if not self.two_cta:
-            return None
-        return cpasync.create_tma_multicast_mask(cluster_vmnk, cluster_vmnk.get_flat_coord(self.rank), mcast_mode=mode)
+def pipeline_arrive_counts(roles: Sm100WarpRoles = SM100_ROLES) -> PipelineArrives:
+    """ab: one tcgen05.commit per stage by the MMA warp (A' and B' are multicast to no other CTA: 1 + 1 - 1); acc:
+    one elected thread per epilogue warp."""
+    return PipelineArrives(1, roles.acc_consumer_arrives)
 
 
 class Sm100GroupedGemmKernel(DescriptorBuilder):
@@ -755,19 +717,14 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
     def __init__(self, config: TileConfig, roles: Sm100WarpRoles = SM100_ROLES):
         roles.check()
         self.roles = roles
-        if config.cta_group not in (1, 2) or config.tile_m != 128 * config.cta_group:
-            raise ValueError(f"{config.name}: an MMA spans 128 rows of M' per CTA (cta_group {config.cta_group}, "
+        if config.cta_group != 1 or config.tile_m != 128:
+            raise ValueError(f"{config.name}: an MMA is one CTA's 128 rows of M' (cta_group {config.cta_group}, "
                              f"tile_m {config.tile_m})")
         if config.bf16_output and not config.device_offsets:
             raise ValueError(f"{config.name}: bf16 output is the MoE op's (device_offsets forms); custom_kernel's C "
                              "is fp16")
-        self.config, self.tile_mnk = config, config.tile_mnk  # tile_mnk: the MMA's tile (a pair's for cta_group 2)
+        self.config, self.tile_mnk = config, config.tile_mnk  # tile_mnk: the MMA's tile, the CTA's
         self.c_dtype = cutlass.BFloat16 if config.bf16_output else C_DTYPE
-        self.two_cta = config.cta_group == 2
-        self.cta_group = tcgen05.CtaGroup.TWO if self.two_cta else tcgen05.CtaGroup.ONE
-        # One CTA's part of the tile: its half of the M' rows when a (2,1) cluster shares each MMA
-        self.cta_tile_mnk = (config.tile_m // config.cta_group, config.tile_n, config.tile_mnk[2])
-        self.cluster_shape_mn = (config.cta_group, 1)
         # D' is C (row-major, N' contiguous) or C^T (column-major, M' contiguous).
         self.c_layout = LayoutEnum.COL_MAJOR if config.swap_ab else LayoutEnum.ROW_MAJOR
         # known once traced (`_setup_attributes`, `__call__`)
@@ -776,8 +733,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
     # ---- Host side --------------------------------------------------------------------------------------------------
     def _setup_attributes(self, tiled_mma):
         """Stage counts and shared-memory layouts (trace time)."""
-        self.epi_tile = sm100_utils.compute_epilogue_tile_shape(self.cta_tile_mnk, self.two_cta, self.c_layout,
-                                                                self.c_dtype)
+        self.epi_tile = sm100_utils.compute_epilogue_tile_shape(self.tile_mnk, False, self.c_layout, self.c_dtype)
         self.num_acc_stages = acc_stages(self.config)
         self.num_c_stages = NUM_C_STAGES
         self.num_ab_stages = self._compute_stages(tiled_mma)
@@ -804,53 +760,37 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         free = SMEM_CAPACITY - SMEM_RESERVED - c_bytes
         return free // self.stage_bytes
 
-    def make_tiled_mmas(self):
-        """The block-scaled MMA (1 or 2 CTAs) and the one whose B partition places SFB': for a pair a 1-CTA MMA of
-        the CTA's 128 rows by the whole N' (rounded up to 128), since each CTA holds all of the tile's SFB'."""
-        make = lambda group, shape_mn: sm100_utils.make_blockscaled_trivial_tiled_mma(
-            AB_DTYPE, AB_DTYPE, OperandMajorMode.K, OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, group, shape_mn)
-        tiled_mma = make(self.cta_group, self.tile_mnk[:2])
-        if not self.two_cta:
-            self.sfb_tiler_mnk = self.tile_mnk
-            return tiled_mma, tiled_mma
-        self.sfb_tiler_mnk = (self.cta_tile_mnk[0], ceil_div(self.tile_mnk[1], 128) * 128, self.tile_mnk[2])
-        return tiled_mma, make(tcgen05.CtaGroup.ONE, self.sfb_tiler_mnk[:2])
+    def make_tiled_mma(self):
+        """The block-scaled MMA, one CTA's."""
+        return sm100_utils.make_blockscaled_trivial_tiled_mma(
+            AB_DTYPE, AB_DTYPE, OperandMajorMode.K, OperandMajorMode.K, SF_DTYPE, SF_VEC_SIZE, tcgen05.CtaGroup.ONE,
+            self.tile_mnk[:2])
 
-    def cluster_layouts(self, tiled_mma, tiled_mma_sfb):
-        """(V, M, N, L) layouts of the cluster's CTAs as the MMA and the SFB' loads see them: V the CTAs of one
-        MMA. 1 CTA: (1, 1, 1, 1) both; a pair: ((2), 1, 1, 1) and ((1), 2, 1, 1) (SFB' multicast along M)."""
-        cluster = cute.make_layout((*self.cluster_shape_mn, 1))
-        cluster_vmnk = cute.tiled_divide(cluster, (tiled_mma.thr_id.shape,))
-        return cluster_vmnk, cute.tiled_divide(cluster, (tiled_mma_sfb.thr_id.shape,))
+    @staticmethod
+    def cluster_layout(tiled_mma):
+        """(V, M, N, L) layout of the cluster's CTAs as the MMA sees them, V the CTAs of one MMA: (1, 1, 1, 1)."""
+        return cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
 
     def make_tma_atoms(self):
         """(tiled MMA, ((TMA atom, its global tensor) for A', B', SFA', SFB', D')), in descriptor-slot order, built
         on placeholders with the right dtypes and majorness (trace time: the GEMM and the descriptor builder
         make the same templates)."""
-        tiled_mma, tiled_mma_sfb = self.make_tiled_mmas()
+        tiled_mma = self.make_tiled_mma()
         self._setup_attributes(tiled_mma)
         dim, k = cutlass.Int32(128), cutlass.Int32(256)
         a, b, sfa, sfb = self.operand_tensors(dim, dim, k, 0, 0, 0, 0)
         c = self.output_tensor(dim, dim, 0)
-        cluster_vmnk, cluster_sfb_vmnk = self.cluster_layouts(tiled_mma, tiled_mma_sfb)
-        thr_id = tiled_mma.thr_id
-        # 1 CTA: plain loads. A (2,1) cluster: A', B', SFA' by 2-SM loads (each CTA its half, completing on the
-        # leader's barrier), SFB' multicast (each CTA loads half of it into both, the MMA reads all of it in each)
-        ops = (sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, thr_id),
-               sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, thr_id),
-               sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, thr_id),
-               sm100_utils.cluster_shape_to_tma_atom_SFB(self.cluster_shape_mn, thr_id))
+        cluster_shape = self.cluster_layout(tiled_mma).shape
 
-        def load_atom(i, make, tensor, staged, mma=tiled_mma, tiler=self.tile_mnk, cluster=cluster_vmnk, **kwargs):
-            stage = cute.slice_(staged, (None, None, None, 0))  # a TMA load of one stage of `staged`
-            return make(ops[i], tensor, stage, tiler, mma, cluster.shape, **kwargs)
-        return (tiled_mma, tiled_mma_sfb), (
-            load_atom(0, cute.nvgpu.make_tiled_tma_atom_A, a, self.a_smem_layout_staged),
-            load_atom(1, cute.nvgpu.make_tiled_tma_atom_B, b, self.b_smem_layout_staged),
-            load_atom(2, cute.nvgpu.make_tiled_tma_atom_A, sfa, self.sfa_smem_layout_staged,
-                      internal_type=cutlass.Int16),
-            load_atom(3, cute.nvgpu.make_tiled_tma_atom_B, sfb, self.sfb_smem_layout_staged, mma=tiled_mma_sfb,
-                      tiler=self.sfb_tiler_mnk, cluster=cluster_sfb_vmnk, internal_type=cutlass.Int16),
+        def load_atom(make, tensor, staged, **kwargs):  # a plain TMA load of one stage of `staged`
+            stage = cute.slice_(staged, (None, None, None, 0))
+            return make(cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE), tensor, stage, self.tile_mnk, tiled_mma,
+                        cluster_shape, **kwargs)
+        return tiled_mma, (
+            load_atom(cute.nvgpu.make_tiled_tma_atom_A, a, self.a_smem_layout_staged),
+            load_atom(cute.nvgpu.make_tiled_tma_atom_B, b, self.b_smem_layout_staged),
+            load_atom(cute.nvgpu.make_tiled_tma_atom_A, sfa, self.sfa_smem_layout_staged, internal_type=cutlass.Int16),
+            load_atom(cute.nvgpu.make_tiled_tma_atom_B, sfb, self.sfb_smem_layout_staged, internal_type=cutlass.Int16),
             cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c,
                                         cute.slice_(self.c_smem_layout_staged, (None, None, 0)), self.epi_tile))
 
@@ -874,7 +814,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         """The GEMM's host function: tables (G, 4) Int32 M', N', K, L, (G, 3) Int64 A', B', D' and (G, 2) Int64
         SFA', SFB' addresses, the (G, 5, 16) Int64 descriptor table (`build_tensormaps`), counts, `plan_ready`
         (`LaunchPlan.launch`), stream."""
-        (tiled_mma, tiled_mma_sfb), atoms = self.make_tma_atoms()
+        tiled_mma, atoms = self.make_tma_atoms()
         (tma_atom_a, tma_a), (tma_atom_b, tma_b), (tma_atom_sfa, tma_sfa), (tma_atom_sfb, tma_sfb), \
             (tma_atom_c, tma_c) = atoms
 
@@ -882,8 +822,8 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_ab_stages]
             acc_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.num_acc_stages]
-            # a pair's CTAs tell each other they are done with TMEM (unused by 1 CTA)
-            tmem_dealloc_mbar: cute.struct.MemRange[cutlass.Int64, 1]
+            # 8 bytes that no role uses: the fields after them keep the offsets the reviewed PTX has
+            reserved: cute.struct.MemRange[cutlass.Int64, 1]
             # a one-element range: .data_ptr() exists in every supported DSL release
             tmem_holding_buf: cute.struct.MemRange[cutlass.Int32, 1]
             # (EPI_TILE_M, EPI_TILE_N, STAGE)
@@ -904,10 +844,10 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         problem_sizes, abc_ptrs, sf_ptrs, tensormaps = host_tables(
             ptr_problem_sizes, ptr_abc, ptr_sf, ptr_tensormaps, num_groups)
 
-        # num_ctas persistent CTAs, or CTA pairs (x: the CTA's half of the pair's MMA, z: the pair)
-        cluster = self.launch_cluster = (*self.cluster_shape_mn, 1)
+        # num_ctas persistent CTAs (z), each a cluster of one
+        cluster = self.launch_cluster = (1, 1, 1)
         self.kernel(
-            tiled_mma, tiled_mma_sfb, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb,
+            tiled_mma, tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb,
             tma_sfb, tma_atom_c, tma_c, problem_sizes, tensormaps, total_tiles, plan_ready,
             self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
             self.sfb_smem_layout_staged, self.c_smem_layout_staged, self.epi_tile,
@@ -916,7 +856,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
 
     # ---- Device side: the dispatcher --------------------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, tiled_mma: cute.TiledMma, tiled_mma_sfb: cute.TiledMma,
+    def kernel(self, tiled_mma: cute.TiledMma, tiled_mma_sfb: cute.TiledMma,  # SFB' partition's MMA: tiled_mma
                tma_atom_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_atom_b: cute.CopyAtom, mB_nkl: cute.Tensor,
                tma_atom_sfa: cute.CopyAtom, mSFA_mkl: cute.Tensor, tma_atom_sfb: cute.CopyAtom, mSFB_nkl: cute.Tensor,
                tma_atom_c: cute.CopyAtom, mC_mnl: cute.Tensor, problem_sizes: cute.Tensor, tensormaps: cute.Tensor,
@@ -936,12 +876,7 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             storage.sB.get_tensor(layouts.b.outer, swizzle=layouts.b.inner),
             storage.sSFA.get_tensor(layouts.sfa), storage.sSFB.get_tensor(layouts.sfb),
             storage.sC.get_tensor(layouts.c.outer, swizzle=layouts.c.inner), storage.tmem_holding_buf.data_ptr())
-        cluster_vmnk, _ = self.cluster_layouts(tiled_mma, tiled_mma_sfb)
-        pair = CtaPair.create(self.two_cta, storage.tmem_dealloc_mbar.data_ptr())
-        if cutlass.const_expr(self.two_cta):
-            if warp_idx == self.roles.tma_warp:  # before the pipelines' cluster-wide sync publishes the barriers
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_init(pair.tmem_dealloc_mbar, 32)  # the peer's epilogue warp 0
+        cluster_vmnk = self.cluster_layout(tiled_mma)
         ab_pipeline = self.make_ab_pipeline(storage.ab_mbar.data_ptr(), cluster_vmnk)
         acc_pipeline = self.make_acc_pipeline(storage.acc_mbar.data_ptr(), cluster_vmnk)
         # The groups' descriptors: slots 0-3 the producer's, slot 4 the epilogue's
@@ -958,37 +893,33 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
                                          self.config.schedule.contiguous)
         if warp_idx == self.roles.tma_warp:
             self.tma_producer(smem, ab_pipeline, scheduler, producer_maps, plan_ready, (tiled_mma, tiled_mma_sfb),
-                              pair, (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), mA_mkl, mB_nkl, mSFA_mkl,
-                              mSFB_nkl)
+                              (tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb), mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
         if warp_idx == self.roles.mma_warp:
-            if pair.is_leader:  # a pair's MMAs are the leader's
-                self.mma_issuer(layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma,
-                                tCtAcc_fake, tmem_alloc_barrier)
-            else:
-                tmem_alloc_barrier.arrive_and_wait()
+            self.mma_issuer(layouts, smem, ab_pipeline, acc_pipeline, problem_sizes, scheduler, tiled_mma,
+                            tCtAcc_fake, tmem_alloc_barrier)
         if warp_idx < self.roles.mma_warp:
-            self.epilogue(layouts, smem, acc_pipeline, scheduler, epilogue_maps, plan_ready, tiled_mma, pair,
+            self.epilogue(layouts, smem, acc_pipeline, scheduler, epilogue_maps, plan_ready, tiled_mma,
                           tCtAcc_fake, tmem_alloc_barrier, tma_atom_c, mC_mnl)
 
     # ---- Pipelines: each made here, its arrive counts derived from the roles and checked ----------------------------
     def make_ab_pipeline(self, barriers, cluster_vmnk):
-        """TMA warp -> MMA warp over the A/B/SFA/SFB stages: the producer's one arrive plus a stage's bytes (a
-        pair's leader: both CTAs', its barrier takes the pair's 2-SM loads); one tcgen05.commit frees a stage."""
-        arrives = pipeline_arrive_counts(self.config, self.roles)
+        """TMA warp -> MMA warp over the A/B/SFA/SFB stages: the producer's one arrive plus a stage's bytes; one
+        tcgen05.commit frees a stage."""
+        arrives = pipeline_arrive_counts(self.roles)
         reach = cute.size(cluster_vmnk, mode=[1]) + cute.size(cluster_vmnk, mode=[2]) - 1  # CTAs its loads reach
-        if arrives.ab_consumers != reach or cute.size(cluster_vmnk, mode=[0]) != self.config.cta_group:
+        if arrives.ab_consumers != reach or cute.size(cluster_vmnk, mode=[0]) != 1:
             raise ValueError(f"{self.config.name}: ab consumers {arrives.ab_consumers}, cluster {cluster_vmnk} "
                              f"(loads reach {reach} CTAs)")
         thread = pipeline.Agent.Thread
         return pipeline.PipelineTmaUmma.create(
             barrier_storage=barriers, num_stages=self.num_ab_stages,
-            tx_count=self.stage_bytes * self.config.cta_group, producer_group=pipeline.CooperativeGroup(thread),
+            tx_count=self.stage_bytes, producer_group=pipeline.CooperativeGroup(thread),
             consumer_group=pipeline.CooperativeGroup(thread, arrives.ab_consumers), cta_layout_vmnk=cluster_vmnk)
 
     def make_acc_pipeline(self, barriers, cluster_vmnk):
         """MMA warp -> epilogue warps over the TMEM accumulator stages: one tcgen05.commit fills a stage; one
-        elected thread per epilogue warp of each CTA reading it frees it."""
-        arrives = pipeline_arrive_counts(self.config, self.roles)
+        elected thread per epilogue warp frees it."""
+        arrives = pipeline_arrive_counts(self.roles)
         if arrives.acc_consumers != self.roles.acc_consumer_arrives * cute.size(cluster_vmnk, mode=[0]):
             raise ValueError(f"{self.config.name}: acc consumers {arrives.acc_consumers}, cluster {cluster_vmnk}")
         thread = pipeline.Agent.Thread
@@ -1047,40 +978,29 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
 
     # ---- Warp 5: TMA producer ---------------------------------------------------------------------------------------
     @cute.jit
-    def tma_producer(self, smem, ab_pipeline, scheduler, tensormaps, plan_ready, tiled_mmas, pair, atoms,
+    def tma_producer(self, smem, ab_pipeline, scheduler, tensormaps, plan_ready, tiled_mmas, atoms,
                      mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
-        """Per tile, its K stages of A', B', SFA', SFB' into the ab pipeline's stages (a pair: this CTA's half of
-        A', B', SFA' and half of SFB', multicast to both CTAs)."""
+        """Per tile, its K stages of A', B', SFA', SFB' into the ab pipeline's stages."""
         tma_atom_a, tma_atom_b, tma_atom_sfa, tma_atom_sfb = atoms
-        tiled_mma, tiled_mma_sfb = tiled_mmas
         # (MMA, MMA_M/N, MMA_K, STAGE) shared-memory stages
         sA, sB, sSFA, sSFB = smem.a, smem.b, smem.sfa, smem.sfb
-        thr_mma = tiled_mma.get_slice(pair.mma_v)
-        thr_mma_sfb = tiled_mma_sfb.get_slice(pair.mma_v)
+        thr_mma, thr_mma_sfb = (mma.get_slice(0) for mma in tiled_mmas)
         # ((ATOM_V, REST_V), STAGE) and ((ATOM_V, REST_V), REST_M/N, REST_K, REST_L)
         tile_k = cute.slice_(self.tile_mnk, (None, 0, None))
         tile_n = cute.slice_(self.tile_mnk, (0, None, None))
-        cluster_vmnk, cluster_sfb_vmnk = self.cluster_layouts(tiled_mma, tiled_mma_sfb)
 
-        def partition(atom, smem, global_tensor, tiler, partition_fn, cluster, mode, compact):
-            # this CTA's share of the loads of the CTAs along cluster `mode` (2: N, A' side; 1: M, B' side)
+        def partition(atom, smem, global_tensor, tiler, partition_fn, compact):
             g = partition_fn(cute.local_tile(global_tensor, tiler, (None, None, None)))
-            along = (cute.make_layout(cute.slice_(cluster, (0, 0, None, 0) if mode == 2 else (0, None, 0, 0)).shape)
-                     if self.two_cta else cute.make_layout(1))
             s_part, g_part = cpasync.tma_partition(
-                atom, pair.coord(cluster, mode), along, cute.group_modes(smem, 0, 3), cute.group_modes(g, 0, 3))
+                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 3), cute.group_modes(g, 0, 3))
             if cutlass.const_expr(compact):
                 return cute.filter_zeros(s_part), cute.filter_zeros(g_part)
             return s_part, g_part
 
-        tAsA, tAgA = partition(tma_atom_a, sA, mA_mkl, tile_k, thr_mma.partition_A, cluster_vmnk, 2, False)
-        tBsB, tBgB = partition(tma_atom_b, sB, mB_nkl, tile_n, thr_mma.partition_B, cluster_vmnk, 1, False)
-        tAsSFA, tAgSFA = partition(tma_atom_sfa, sSFA, mSFA_mkl, tile_k, thr_mma.partition_A, cluster_vmnk, 2, True)
-        tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, cute.slice_(self.sfb_tiler_mnk, (0, None, None)),
-                                   thr_mma_sfb.partition_B, cluster_sfb_vmnk, 1, True)
-        # a pair's loads name the CTAs they reach (1 CTA: none)
-        masks = (pair.mcast_mask(cluster_vmnk, 2), pair.mcast_mask(cluster_vmnk, 1),
-                 pair.mcast_mask(cluster_vmnk, 2), pair.mcast_mask(cluster_sfb_vmnk, 1))
+        tAsA, tAgA = partition(tma_atom_a, sA, mA_mkl, tile_k, thr_mma.partition_A, False)
+        tBsB, tBgB = partition(tma_atom_b, sB, mB_nkl, tile_n, thr_mma.partition_B, False)
+        tAsSFA, tAgSFA = partition(tma_atom_sfa, sSFA, mSFA_mkl, tile_k, thr_mma.partition_A, True)
+        tBsSFB, tBgSFB = partition(tma_atom_sfb, sSFB, mSFB_nkl, tile_n, thr_mma_sfb.partition_B, True)
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stages)
         # Launched while the previous kernel may still run: the operands and anything an earlier kernel may write
         # are read only past this wait; the plan's own tables and descriptors before it only once they are known
@@ -1098,10 +1018,9 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             for k_tile in cutlass.range(0, work.k_tiles, 1, unroll=1):
                 ab_pipeline.producer_acquire(producer_state)
                 for i, (atom, src, dst) in enumerate(loads):
-                    multicast = {} if masks[i] is None else {"mcast_mask": masks[i]}
                     cute.copy(atom, src[(None, k_tile)], dst[(None, producer_state.index)],
                               tma_bar_ptr=ab_pipeline.producer_get_barrier(producer_state),
-                              tma_desc_ptr=tensormaps.descriptor(work.group, i), **multicast)
+                              tma_desc_ptr=tensormaps.descriptor(work.group, i))
                 producer_state.advance()
             scheduler.advance()
         cute.arch.griddepcontrol_launch_dependents()  # the last loads are issued: the next kernel may start
@@ -1171,35 +1090,34 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
         sSF_compact = cute.filter_zeros(sSF)
         tSF_compact = cute.filter_zeros(tSF)
         tiled_copy = tcgen05.make_s2t_copy(
-            cute.make_copy_atom(tcgen05.Cp4x32x128bOp(self.cta_group), SF_DTYPE), tSF_compact)
+            cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), SF_DTYPE), tSF_compact)
         thr_copy = tiled_copy.get_slice(0)
         source = tcgen05.get_s2t_smem_desc_tensor(tiled_copy, thr_copy.partition_S(sSF_compact))
         return tiled_copy, source, thr_copy.partition_D(tSF_compact)
 
     # ---- Warps 0-3: epilogue ----------------------------------------------------------------------------------------
     @cute.jit
-    def epilogue(self, layouts, smem, acc_pipeline, scheduler, tensormaps, plan_ready, tiled_mma, pair, tCtAcc_fake,
+    def epilogue(self, layouts, smem, acc_pipeline, scheduler, tensormaps, plan_ready, tiled_mma, tCtAcc_fake,
                  tmem_alloc_barrier, tma_atom_c, mC_mnl):
         """Per tile, the accumulator to fp16 D' (bf16 in a -bf16 form; the MoE form multiplies it by the group's
-        alpha first) in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store (a pair: each CTA its own 128
-        rows)."""
+        alpha first) in 128 x 32 subtiles: TMEM -> registers -> smem -> TMA store."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         epilogue_barrier = pipeline.NamedBarrier(barrier_id=self.roles.epilogue_barrier,
                                                  num_threads=self.roles.epilogue_threads)
         leader = warp_idx == self.roles.epilogue_warps[0]
         if leader:
-            cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding, is_two_cta=self.two_cta)
+            cute.arch.alloc_tmem(TMEM_COLUMNS, smem.tmem_holding)
         tmem_alloc_barrier.arrive_and_wait()
         acc_tmem_ptr, tCtAcc_base = self.tmem_accumulator(smem, tCtAcc_fake)
         sC = smem.c  # (EPI_TILE_M, EPI_TILE_N, STAGE)
         # (MMA, MMA_M, MMA_N, REST_M, REST_N, REST_L) over the placeholder D'
-        tCgC = tiled_mma.get_slice(pair.mma_v).partition_C(
+        tCgC = tiled_mma.get_slice(0).partition_C(
             cute.local_tile(mC_mnl, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None)))
         # TMEM -> registers: (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
         copy_t2r = tcgen05.make_tmem_copy(
-            sm100_utils.get_tmem_load_op(self.cta_tile_mnk, self.c_layout, self.c_dtype, ACC_DTYPE,
-                                         layouts.epi_tile, self.two_cta),
+            sm100_utils.get_tmem_load_op(self.tile_mnk, self.c_layout, self.c_dtype, ACC_DTYPE, layouts.epi_tile,
+                                         False),
             cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], layouts.epi_tile)[(None, None, 0, 0, 0)])
         thr_t2r = copy_t2r.get_slice(tidx)
         tTR_tAcc_base = thr_t2r.partition_S(cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], layouts.epi_tile))
@@ -1255,13 +1173,10 @@ class Sm100GroupedGemmKernel(DescriptorBuilder):
             acc_state.advance()
             scheduler.advance()
         if leader:
-            cute.arch.relinquish_tmem_alloc_permit(is_two_cta=self.two_cta)
+            cute.arch.relinquish_tmem_alloc_permit()
         epilogue_barrier.arrive_and_wait()
         if leader:
-            if cutlass.const_expr(self.two_cta):  # the pair's TMEM goes once both CTAs are done with it
-                cute.arch.mbarrier_arrive(pair.tmem_dealloc_mbar, pair.rank ^ 1)
-                cute.arch.mbarrier_wait(pair.tmem_dealloc_mbar, 0)
-            cute.arch.dealloc_tmem(acc_tmem_ptr, TMEM_COLUMNS, is_two_cta=self.two_cta)
+            cute.arch.dealloc_tmem(acc_tmem_ptr, TMEM_COLUMNS)
         c_pipeline.producer_tail()
 
 
@@ -1400,7 +1315,7 @@ class ShapePlan(NamedTuple):
     config: TileConfig
     size_words: Tuple[int, ...]
     tiles: int
-    ctas: int  # the persistent grid: CTAs, or CTA pairs ((2,1) clusters) for cta_group 2
+    ctas: int  # the persistent grid: CTAs, or CTA pairs for cta_group 2 (hopper.py's (2,1,1) clusters)
     signature: Tuple[tuple, ...]
     plan_words: int
     order: Tuple[int, ...]
@@ -1412,7 +1327,7 @@ def shape_plan(problem_sizes: tuple, device_index: int, num_sms: int, config: Op
                max_pairs: Optional[int] = None) -> ShapePlan:
     """Raises ValueError, naming the group, for sizes the kernel cannot take. `config` fixed, else
     `choose(problem_sizes, num_sms)` (the cost model's `choose_config`), called once the sizes are known to be valid.
-    A configuration of CTA pairs gets at most `max_pairs` of them (`resident_clusters`), else SMs // 2."""
+    A configuration of hopper.py's CTA pairs gets at most `max_pairs` of them (`resident_clusters`), else SMs // 2."""
     for g, size in enumerate(problem_sizes):
         check_problem_size(g, size)
     config = config or choose(problem_sizes, num_sms)

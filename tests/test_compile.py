@@ -68,12 +68,11 @@ def report(request, tmp_path_factory):
 
 def test_every_configuration_compiles_without_spills(report):
     kernels = {k["config"]: k for k in report["kernels"]}
-    # every kernel CONFIG_POLICY may name: each tile configuration (the model's and the 2-CTA ones),
-    # round-robin and contiguous; and the MoE op's form, with its builder from offs
+    # every kernel CONFIG_POLICY may name: each tile configuration (the model's), round-robin and contiguous;
+    # and the MoE op's form, with its builder from offs
     moe_forms = [moe_tables.MOE_CONFIG, dataclasses.replace(moe_tables.MOE_CONFIG, bf16_output=True)]
     assert set(kernels) == {compile_gate.kernel_name(c) for c in submission.policy_candidates() + moe_forms}
-    assert {name.split("/")[0] for name in kernels} == (set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
-                                                        | {c.tile_name for c in moe_forms})
+    assert {name.split("/")[0] for name in kernels} == set(submission.TILE_CONFIGS) | {c.tile_name for c in moe_forms}
     for k in kernels.values():
         assert k["ok"], k
         assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 and k["stack_bytes"] == 0
@@ -151,20 +150,18 @@ def test_ptx_has_the_designed_instructions(report, config):
 
 
 def test_accumulator_is_double_buffered_where_it_fits(report):
-    for name, config in {**submission.TILE_CONFIGS, **submission.PAIR_CONFIGS}.items():
+    for name, config in submission.TILE_CONFIGS.items():
         kernel, ptx = ptx_of(report, name)
         expected_acc = submission.acc_stages(config)
         assert kernel["stages_acc"] == expected_acc
-        # one full and one empty barrier per A/B stage and per accumulator buffer (a pair: and the one on
-        # which the peer says it is done with TMEM)
+        # one full and one empty barrier per A/B stage and per accumulator buffer
         inits = len(re.findall(r"mbarrier\.init\.shared", ptx))
-        pair_barriers = 1 if config.cta_group == 2 else 0
-        assert inits == 2 * (kernel["stages_ab"] + kernel["stages_acc"]) + pair_barriers, (name, inits)
+        assert inits == 2 * (kernel["stages_ab"] + kernel["stages_acc"]), (name, inits)
     assert submission.acc_stages(submission.TILE_CONFIGS["128x128"]) == 2
 
 
 def test_the_cost_model_counts_the_stages_the_kernel_has(report):
-    for name, config in {**submission.TILE_CONFIGS, **submission.PAIR_CONFIGS}.items():
+    for name, config in submission.TILE_CONFIGS.items():
         kernel = next(k for k in report["kernels"] if k["config"] == name)
         assert submission._compute_stages_for_model(config) == kernel["stages_ab"]
         assert kernel["stages_ab"] >= 3
@@ -230,8 +227,7 @@ def test_the_contiguous_schedule_compiles_without_spills(install, name, arch):
 def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
     sizes = [(128, 4096, 1536, 1), (384, 4096, 1536, 1)]
     assert submission.CONFIG_POLICY == "model"  # the artifact ships with the model's choice
-    assert len(submission.policy_candidates()) == len(submission.SCHEDULES) * (
-        len(submission.TILE_CONFIGS) + len(submission.PAIR_CONFIGS))
+    assert len(submission.policy_candidates()) == len(submission.SCHEDULES) * len(submission.TILE_CONFIGS)
     for candidate in submission.policy_candidates():
         monkeypatch.setattr(submission, "CONFIG_POLICY", candidate.name)
         assert submission.choose_config(sizes) == candidate
@@ -240,60 +236,22 @@ def test_the_configuration_policy_names_one_candidate_or_the_model(monkeypatch):
         submission.choose_config(sizes)
 
 
-@pytest.mark.slow
-def test_two_cta_configurations_compile_but_the_model_never_offers_them():
-    """The 2-CTA configurations are the public designs' (eval.py public_designs uses them for the model's
-    calibration); until one has run on a B200 the model never picks one, and CONFIG_POLICY may name them. The
-    kernel takes 128 rows of M' per CTA of an MMA."""
-    pairs = {c.name.split("/")[0] for design in model_report.public_designs().values() for c, _, _ in design
-             if c.cta_group == 2}
-    assert pairs and pairs <= set(submission.PAIR_CONFIGS)
-    assert all(c.cta_group == 1 for c in submission.model_candidates())
-    for config in submission.PAIR_CONFIGS.values():
-        assert config.cta_group == 2 and config.tile_m == 256
+def test_the_kernel_refuses_the_public_pair_designs_the_model_prices():
+    """The public 2-CTA designs (model_report.public_designs) are configurations the cost model prices for its
+    fit, each CTA holding half a tile's rows; the kernel takes one CTA per MMA, so it refuses them, and the model
+    never offers one."""
+    pairs = [c for design in model_report.public_designs().values() for c, _, _ in design if c.cta_group == 2]
+    assert pairs and all(c.cta_group == 1 for c in submission.policy_candidates())
+    for config in pairs:
         assert submission.stage_bytes(config) < submission.stage_bytes(
             submission.TileConfig(config.tile_m, config.tile_n))  # each CTA holds half the rows
-        kernel = config.make_kernel()
-        assert kernel.cta_tile_mnk == (128, config.tile_n, config.tile_mnk[2])
-        assert submission.pipeline_arrive_counts(config) == (1, 2 * len(submission.SM100_ROLES.epilogue_warps))
-    for bad in (submission.TileConfig(256, 128), submission.TileConfig(128, 128, cta_group=2),
-                submission.TileConfig(384, 128, cta_group=3)):
-        with pytest.raises(ValueError, match="128 rows of M' per CTA"):
+    for bad in (*pairs, submission.TileConfig(256, 128), submission.TileConfig(128, 128, cta_group=2)):
+        with pytest.raises(ValueError, match="an MMA is one CTA's 128 rows of M'"):
             bad.make_kernel()
-    # the grid of a pair configuration counts pairs: at most half the SMs
-    config = submission.PAIR_CONFIGS["2cta-256x256"]
-    plan = submission.shape_plan(((512, 4096, 7168, 1),) * 8, -1, 148, config)
-    assert plan.tiles == 8 * 2 * 16 and plan.ctas == 74
-
-
-@pytest.mark.parametrize("config", list(submission.PAIR_CONFIGS))
-def test_two_cta_ptx_has_the_pair_instructions(report, config):
-    """cta_group::2 MMAs issued by the leader, every operand load a 2-SM TMA load completing on the leader's
-    barrier (peer bit cleared), SFB' multicast within the pair, the (2,1,1) cluster launch, the TMEM
-    hand-shake between the pair's CTAs."""
-    kernel, ptx = ptx_of(report, config)
-    features = kernel["ptx_features"]
-    assert kernel["cluster"] == [2, 1, 1]
-    assert features["pair_mma"] == features["block_scaled_fp4_mma"] == submission.MMA_K_BLOCKS_PER_STAGE
-    assert "tcgen05.mma.cta_group::1" not in ptx
-    # A', B', SFA', SFB': all 2-SM loads, one operand in four multicast (releases unroll them differently)
-    assert features["pair_tma_load"] == features["tma_load"] >= 4
-    assert 4 * features["multicast_tma_load"] == features["pair_tma_load"]
-    assert features["leader_barrier_address"] >= 1
-    # the leader's commits reach both CTAs (stage release, accumulator full)
-    assert features["pair_commit"] == 2
-    assert "tcgen05.cp.cta_group::2" in ptx and "tcgen05.cp.cta_group::1" not in ptx
-    assert re.search(r"tcgen05\.alloc\.cta_group::2", ptx) and re.search(r"tcgen05\.dealloc\.cta_group::2", ptx)
-    assert features["remote_arrive"] >= 2 and features["cluster_barrier"] >= 1  # peer barriers, cluster sync
-    assert "%cluster_ctarank" in ptx
-    # descriptors and programmatic launch as in the 1-CTA kernel
-    assert features["tensormap_replace"] == 0 and features["acquires_before_waits"] == [4, 1]
-    assert features["pdl_wait"] == 2 and features["pdl_launch_dependents"] == 1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,arch", [("128x128", "sm_100a"), ("2cta-swap-256x128", "sm_100a"),
-                                       ("sm90-128x128-k128-wr-n16-64", "sm_90a")])
+@pytest.mark.parametrize("name,arch", [("128x128", "sm_100a"), ("sm90-128x128-k128-wr-n16-64", "sm_90a")])
 def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
     """What we call of the DSL is not deprecated (a deprecation is the next release's breakage): a compile with
     every DeprecationWarning as an error still makes PTX. Every one: the DSL's deprecated wrappers warn from its
@@ -315,42 +273,30 @@ def test_compiling_raises_no_deprecation_warning_from_our_code(name, arch):
 # ---- the B200 kernel's PTX against NVIDIA's example -------------------------------------------------------
 # Reviewed facts: an independent line-by-line review (nvidia-cutlass-dsl 4.8.1) compiled NVIDIA's CuTe DSL
 # grouped block-scaled GEMM example at the same tiles and found these equal in both PTX files (128x128;
-# swap-128x256 as NVIDIA's 128x256 with column-major C; the pairs as its 256x256 and 256x128 on a (2,1)
-# cluster). None: not compared by the review. A DSL release or a change here that moves one fails below,
-# naming the configuration and the field.
+# swap-128x256 as NVIDIA's 128x256 with column-major C). None: not compared by the review. A DSL release or a
+# change here that moves one fails below, naming the configuration and the field.
 REVIEWED_PTX_FACTS = {
     "128x128": dict(instruction_descriptor=0x08200480, expect_tx_bytes=36864, scale_copies_per_stage=8,
-                    cta_group=1, tmem_load="32x32b.x32"),
+                    tmem_load="32x32b.x32"),
     "swap-128x256": dict(instruction_descriptor=0x08400480, expect_tx_bytes=55296, scale_copies_per_stage=None,
-                         cta_group=1, tmem_load=None),
-    "2cta-256x256": dict(instruction_descriptor=0x10400480, expect_tx_bytes=77824, scale_copies_per_stage=12,
-                         cta_group=2, tmem_load="32x32b.x32"),
-    "2cta-swap-256x128": dict(instruction_descriptor=0x10200480, expect_tx_bytes=57344, scale_copies_per_stage=8,
-                              cta_group=2, tmem_load="16x256b.x4"),
+                         tmem_load=None),
 }
 
 
-def expected_forms(g: int) -> dict:
-    """The review's instruction forms for cta_group g (its "also equal" list)."""
-    pair = g == 2
+def expected_forms() -> dict:
+    """The review's instruction forms (its "also equal" list)."""
     return {
-        "mma": {f"tcgen05.mma.cta_group::{g}.kind::mxf4nvf4.block_scale.block16"},
-        "commit": {f"tcgen05.commit.cta_group::{g}.mbarrier::arrive::one.shared::cluster"
-                   + (".multicast::cluster" if pair else "") + ".b64"},
-        "commit_masks": {3} if pair else set(),  # a pair's commits signal both CTAs
-        "tmem_alloc": {f"tcgen05.alloc.cta_group::{g}.sync.aligned.shared::cta.b32",
-                       f"tcgen05.dealloc.cta_group::{g}.sync.aligned.b32",
-                       f"tcgen05.relinquish_alloc_permit.cta_group::{g}.sync.aligned"},
-        # (dimensions, form) -> share of the loads: A' and B' 2-d, SFA' and SFB' 3-d; a pair's loads are 2-SM
-        # loads completing on the leader's barrier, SFB' multicast to both CTAs
-        "tma_loads": ({(2, "shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint.cta_group::2"): 2,
-                       (3, "shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint.cta_group::2"): 1,
-                       (3, "shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint"
-                           ".cta_group::2"): 1} if pair else
-                      {(2, "shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"): 1,
-                       (3, "shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"): 1}),
-        # A/B stages 1; accumulator 1 and 4 (the epilogue's warps; a pair: both CTAs' 8); TMEM hand-back 32
-        "mbarrier_init_counts": {1, 8, 32} if pair else {1, 4},
+        "mma": {"tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.block16"},
+        "commit": {"tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64"},
+        "commit_masks": set(),
+        "tmem_alloc": {"tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
+                       "tcgen05.dealloc.cta_group::1.sync.aligned.b32",
+                       "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned"},
+        # (dimensions, form) -> share of the loads: A' and B' 2-d, SFA' and SFB' 3-d
+        "tma_loads": {(2, "shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"): 1,
+                      (3, "shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"): 1},
+        # A/B stages 1; accumulator 1 and 4 (the epilogue's warps)
+        "mbarrier_init_counts": {1, 4},
     }
 
 
@@ -375,8 +321,7 @@ def observed_ptx_facts(ptx: str) -> dict:
     normalized, and the loads counted as shares."""
     ptx = ptx.replace("block_scale.scale_vec::4X", "block_scale.block16")
     loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.(shared::\w+\.global\S*?);?\s", ptx)
-    loads = [(int(d), form if "cta_group::2" in form else form.replace("shared::cluster", "shared::cta"))
-             for d, form in loads]
+    loads = [(int(d), form.replace("shared::cluster", "shared::cta")) for d, form in loads]
     counts = {key: loads.count(key) for key in set(loads)}
     unit = math.gcd(*counts.values()) if counts else 1
     return {
@@ -408,23 +353,22 @@ def differences(config: str, observed: dict) -> list:
           sorted(hex(v) for v in observed["instruction_descriptors"]), hex(facts["instruction_descriptor"]))
     check("expect_tx_bytes", observed["expect_tx_bytes"] == {facts["expect_tx_bytes"]},
           observed["expect_tx_bytes"], facts["expect_tx_bytes"])
-    g = facts["cta_group"]
     copies = observed["scale_copies"]
-    check("scale_copy_form", set(copies) == {f"tcgen05.cp.cta_group::{g}.32x128b.warpx4"}, set(copies),
-          f"tcgen05.cp.cta_group::{g}.32x128b.warpx4")
+    check("scale_copy_form", set(copies) == {"tcgen05.cp.cta_group::1.32x128b.warpx4"}, set(copies),
+          "tcgen05.cp.cta_group::1.32x128b.warpx4")
     if facts["scale_copies_per_stage"] is not None:
         check("scale_copies_per_stage", len(copies) == facts["scale_copies_per_stage"], len(copies),
               facts["scale_copies_per_stage"])
     if facts["tmem_load"] is not None:
         check("tmem_load", observed["tmem_loads"] == {facts["tmem_load"]}, observed["tmem_loads"], facts["tmem_load"])
-    for field, want in expected_forms(g).items():
+    for field, want in expected_forms().items():
         check(field, observed[field] == want, observed[field], want)
     return wrong
 
 
 @pytest.mark.parametrize("config", sorted(REVIEWED_PTX_FACTS))
 def test_the_ptx_keeps_the_facts_the_review_found_equal_to_nvidias_example(report, config):
-    assert set(REVIEWED_PTX_FACTS) == set(submission.TILE_CONFIGS) | set(submission.PAIR_CONFIGS)
+    assert set(REVIEWED_PTX_FACTS) == set(submission.TILE_CONFIGS)
     for name in (config, f"{config}/contiguous"):
         _, ptx = ptx_of(report, name)
         wrong = differences(name, observed_ptx_facts(ptx))
@@ -434,7 +378,7 @@ def test_the_ptx_keeps_the_facts_the_review_found_equal_to_nvidias_example(repor
 def test_a_changed_fact_is_named_with_its_configuration_and_field():
     observed = {"instruction_descriptors": {0x08200480}, "expect_tx_bytes": {36864},
                 "scale_copies": ["tcgen05.cp.cta_group::1.32x128b.warpx4"] * 8, "tmem_loads": {"32x32b.x32"},
-                **expected_forms(1)}
+                **expected_forms()}
     assert differences("128x128", observed) == []
     moved = dict(observed, expect_tx_bytes={32768}, commit={"tcgen05.commit.cta_group::2.x"})
     assert differences("128x128/contiguous", moved) == [
@@ -680,8 +624,7 @@ def test_the_b200_warp_roles_are_checked_where_a_kernel_is_made():
     """Roles are one frozen value; the arrive counts derive from it, and a kernel refuses roles that would hang."""
     roles = submission.SM100_ROLES
     assert roles.threads == 192 and roles.epilogue_threads == 128 and roles.acc_consumer_arrives == 4
-    for config in (submission.TILE_CONFIGS["128x128"], submission.PAIR_CONFIGS["2cta-256x256"]):
-        assert submission.pipeline_arrive_counts(config, roles).acc_consumers == 4 * config.cta_group
+    assert submission.pipeline_arrive_counts(roles) == (1, 4)
     for bad, why in ((dataclasses.replace(roles, mma_warp=3), "each warp has one role"),
                      (dataclasses.replace(roles, epilogue_warps=(0, 1, 2, 4), mma_warp=3),
                       "the epilogue warps cover TMEM's lanes"),
