@@ -104,16 +104,10 @@ PTX_FEATURES = {
     "scale_factor_copy": r"tcgen05\.cp\.cta_group::[12]",
     "tmem_load": r"tcgen05\.ld\.sync",
     "tmem_alloc": r"tcgen05\.alloc\.cta_group::[12]",
-    # 2-CTA configurations: the MMA over a pair, 2-SM TMA loads (completing on the leader's barrier, the peer
-    # bit of its shared::cluster address cleared: and.b32 with 0xFEFFFFF8), multicast loads, the cluster barrier
-    "pair_mma": r"tcgen05\.mma\.cta_group::2\.",
-    "pair_tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
-                     r"(?:\.multicast::cluster)?(?:\.L2::cache_hint)?\.cta_group::2",
+    # clusters (hopper.py's pair forms): multicast loads, the cluster barrier, arrivals on the peer's barriers
     "multicast_tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
                           r"\.multicast::cluster",
-    "leader_barrier_address": r"and\.b32\s+%r\d+, %r\d+, -16777224;",
     "cluster_barrier": r"barrier\.cluster\.wait",
-    "pair_commit": r"tcgen05\.commit\.cta_group::2\.mbarrier::arrive::one\.shared::cluster\.multicast::cluster",
     "remote_arrive": r"mapa\.shared::cluster",
     "mbarrier_init": r"mbarrier\.init\.shared",
     # the Hopper kernel (hopper.py)
@@ -306,7 +300,7 @@ def kernel_configs(arch: str) -> list:
         candidates += [c.with_schedule(s) for c in hopper.SM90_MOE_CONFIGS.values()  # the MoE op's (moe.py)
                        for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
         candidates += [dataclasses.replace(c, bf16_output=True) for c in hopper.SM90_MOE_CONFIGS.values()]
-    else:  # every configuration CONFIG_POLICY may name: the cost model's and the 2-CTA ones; the MoE op's form
+    else:  # every configuration CONFIG_POLICY may name (the cost model's); the MoE op's form
         from nvfp4_group_gemm.moe_tables import MOE_CONFIG
         candidates = submission.policy_candidates() + [MOE_CONFIG, dataclasses.replace(MOE_CONFIG, bf16_output=True)]
     kernels = {}  # one per compiled form (`kernel_name`)
