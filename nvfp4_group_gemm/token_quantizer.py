@@ -33,6 +33,8 @@ from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
 
 THREADS = 256  # per CTA
 CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
+PAIRED_CTAS_PER_SM = 5  # the same for a paired configuration (more registers a thread: fewer CTAs fit an SM)
+PAIRED = False  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
 K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
 NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
@@ -113,6 +115,78 @@ def e2m1_code_by_thresholds(x: cutlass.Float32, thresholds: list) -> cutlass.Uin
     return ptx(U32, [x] + thresholds, THRESHOLD_CODE_PTX, "=r,f" + ",f" * len(thresholds))
 
 
+# A word's two values' E2M1 codes (two 16-bit values of the tokens' type) from the block's seven step
+# thresholds in that type, each in both halves ($2..$8, ascending): how many of them |x| reaches, by a
+# three-level search (4, 2, 1), two values at a time. A compare makes a half 0xFFFF where |x| reaches its
+# threshold, and that mask selects the next level's threshold (lop3 0xE4: c ? a : b). Out: value 0's code in
+# bits 0-3, value 1's in bits 4-7, x's sign bit as bit 3 of each. A NaN reaches none: the zero of its sign
+# (div.rn's NaN has no sign; such a block's scale differs from torch's anyway). |x| is taken here again, not kept
+# from the block's amax: fewer live registers.
+PAIR_CODE_PTX = ("{\n\t.reg .b32 a, m, n, r, t, u, v, c;\n\tand.b32 a, $1, 0x7FFF7FFF;\n\t"
+                 "set.ge.u32.%(t)s m, a, $5;\n\tlop3.b32 t, $7, $3, m, 0xE4;\n\tset.ge.u32.%(t)s n, a, t;\n\t"
+                 "lop3.b32 u, $8, $6, n, 0xE4;\n\tlop3.b32 v, $4, $2, n, 0xE4;\n\tlop3.b32 t, u, v, m, 0xE4;\n\t"
+                 "set.ge.u32.%(t)s r, a, t;\n\tand.b32 c, m, 0x00040004;\n\tand.b32 t, n, 0x00020002;\n\t"
+                 "or.b32 c, c, t;\n\tand.b32 t, r, 0x00010001;\n\tor.b32 c, c, t;\n\tshr.b32 t, $1, 12;\n\t"
+                 "and.b32 t, t, 0x00080008;\n\tor.b32 c, c, t;\n\tshr.b32 t, c, 12;\n\tor.b32 $0, c, t;\n\t}")
+# A step threshold (fp32, positive) as the smallest value of the tokens' type at or above it, in both halves of
+# a word: for a value x of that type, x >= t exactly when x >= that ceiling (bf16: fp32's upper half, rounded
+# up by adding 0xFFFF to the bits; fp16: cvt.rp). Above the type's largest finite value it is inf.
+PAIRED_THRESHOLD_PTX = {False: "{\n\t.reg .b32 u;\n\tmov.b32 u, $1;\n\tadd.u32 u, u, 0xFFFF;\n\t"
+                               "prmt.b32 $0, u, u, 0x3232;\n\t}",
+                        True: "{\n\t.reg .b16 h;\n\tcvt.rp.f16.f32 h, $1;\n\tmov.b32 $0, {h, h};\n\t}"}
+
+
+def token_type(fp16: bool) -> str:
+    """The PTX type of a word of two tokens."""
+    return "f16x2" if fp16 else "bf16x2"
+
+
+@cute.jit
+def paired_thresholds(thresholds: list, fp16: cutlass.Constexpr[bool]) -> list:
+    """`step_thresholds` as words of the tokens' type (`PAIRED_THRESHOLD_PTX`)."""
+    return [ptx(U32, [t], PAIRED_THRESHOLD_PTX[fp16], "=r,f") for t in thresholds]
+
+
+@cute.jit
+def pair_codes(word: cutlass.Uint32, paired: list, fp16: cutlass.Constexpr[bool]) -> cutlass.Uint32:
+    """The two codes of a word of tokens, in its low byte (`PAIR_CODE_PTX`); for a positive finite block scale,
+    the same as `e2m1_code(x, scale)` of each value (a NaN's aside), with no division."""
+    return ptx(U32, [word] + paired, PAIR_CODE_PTX % {"t": token_type(fp16)}, "=r,r" + ",r" * len(paired))
+
+
+@cute.jit
+def magnitude(word: cutlass.Uint32) -> cutlass.Uint32:
+    """A word of two tokens without their sign bits: |x| of each."""
+    return ptx(U32, [word], "and.b32 $0, $1, 0x7FFF7FFF;", "=r,r")
+
+
+@cute.jit
+def words_amax(magnitudes: list, fp16: cutlass.Constexpr[bool]) -> cutlass.Float32:
+    """The largest of a block's 8 words of |x| (`magnitude`; packed max: a NaN counts only where every value is
+    one, and then as 0, as fp32's max.f32 from 0 takes it), as an fp32 (exact)."""
+    kind = token_type(fp16)
+    text = "{\n\t.reg .b32 a<8>;\n\t.reg .f32 l, h;\n\t"
+    text += "".join(f"mov.b32 a{i}, ${i + 1};\n\t" for i in range(8))
+    text += "".join(f"max.{kind} a{i}, a{i}, a{i + j};\n\t" for j in (4, 2, 1) for i in range(j))
+    if cutlass.const_expr(fp16):
+        text += "{\n\t.reg .b16 x, y;\n\tmov.b32 {x, y}, a0;\n\tcvt.f32.f16 l, x;\n\tcvt.f32.f16 h, y;\n\t}\n\t"
+    else:
+        text += "shl.b32 a1, a0, 16;\n\tand.b32 a2, a0, 0xFFFF0000;\n\tmov.b32 l, a1;\n\tmov.b32 h, a2;\n\t"
+    text += f"max.f32 l, l, h;\n\tmax.f32 $0, l, {f32_bits(0.0)};\n\t}}"
+    return ptx(F32, magnitudes, text, "=f" + ",r" * 8)
+
+
+@cute.jit
+def pack_pair_codes(codes, words, paired: list, fp16: cutlass.Constexpr[bool]) -> None:
+    """The 16 codes of a block's 8 words into the two words of `codes` (value i at bits 4 (i % 8) of word
+    i // 8): each word's two codes (`pair_codes`) as one byte, four bytes gathered by prmt."""
+    for half in cutlass.range_constexpr(2):
+        pairs = [pair_codes(words[4 * half + i], paired, fp16) for i in range(4)]
+        low = ptx(U32, [pairs[0], pairs[1]], "prmt.b32 $0, $1, $2, 0x0040;", "=r,r,r")
+        high = ptx(U32, [pairs[2], pairs[3]], "prmt.b32 $0, $1, $2, 0x0040;", "=r,r,r")
+        codes[half] = ptx(U32, [low, high], "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
+
+
 def pack_codes(codes, values: list, code_of) -> None:
     """The 16 values' 4-bit codes (`code_of`) into the two words of `codes`, value i at bits 4 (i % 8) of word
     i // 8 (Python loops: unrolled where traced)."""
@@ -161,18 +235,22 @@ def token_values(word: cutlass.Uint32, fp16: cutlass.Constexpr[bool]):
 
 @dataclasses.dataclass(frozen=True)
 class TokenQuantizerConfig:
-    """What a compiled quantizer is specific to: the tokens' type, the decode scale's kind, and whether it
-    quantizes x itself or SwiGLU of x (`activation`: gate and up in halves or interleaved; `limit`: clamped)."""
+    """What a compiled quantizer is specific to: the tokens' type, the decode scale's kind, whether it
+    quantizes x itself or SwiGLU of x (`activation`: gate and up in halves or interleaved; `limit`: clamped),
+    and `paired`: a block's amax and codes two values at a time, on words of the tokens' type (`quantize_words`),
+    its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
     limit: bool = False
+    paired: bool = False
 
     @property
     def name(self) -> str:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
-                + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else ""))
+                + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
+                + ("-paired" if self.paired else ""))
 
 
 class TokenQuantizer:
@@ -219,6 +297,12 @@ class TokenQuantizer:
         tidx, _, _ = cute.arch.thread_idx()
         block, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
+        # paired, without an activation: each block's two loads are issued one block ahead (`ahead`), so that a
+        # thread has a load in flight while it converts; the first before the groups are found (it needs none)
+        ahead = cute.make_rmem_tensor((8,), cutlass.Uint32) if cutlass.const_expr(self.config.paired) else None
+        if cutlass.const_expr(self.config.paired and not self.config.activation):
+            if block * THREADS + tidx < tokens * (k // SF_VEC_SIZE):
+                cute.autovec_copy(token_words(x, block * THREADS + tidx), ahead)
         if tidx < 32:
             self.find_groups(offs, experts, tokens, ends, scale_rows)
         cute.arch.sync_threads()
@@ -235,12 +319,29 @@ class TokenQuantizer:
         step_rows = stride // blocks_per_row
         step_columns = stride - step_rows * blocks_per_row
         group = self.group_of(ends, experts, row)
+        decode = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.config.paired and self.config.scale_kind == ONE_SCALE):
+            decode = global_scale[0]
         for item in cutlass.range(first, work, stride, unroll=1):
             if item < token_blocks:
                 while ends[group] <= row:
                     group += 1
-                self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item, row, column,
-                                    group, blocks_per_row, swiglu)
+                if cutlass.const_expr(self.config.paired):
+                    words = cute.make_rmem_tensor((8,), cutlass.Uint32)
+                    if cutlass.const_expr(not self.config.activation):
+                        words.store(ahead.load())
+                        if item + stride < token_blocks:
+                            cute.autovec_copy(token_words(x, item + stride), ahead)
+                    else:
+                        values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
+                        pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
+                        for i in cutlass.range_constexpr(8):
+                            words[i] = ptx(U32, [values[2 * i], values[2 * i + 1]], pair, "=r,f,f")
+                    self.quantize_words(words, packed, scales, global_scale, decode, ends, scale_rows, experts,
+                                        item, row, column, group, blocks_per_row)
+                else:
+                    self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item, row,
+                                        column, group, blocks_per_row, swiglu)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
             row += step_rows
@@ -322,6 +423,45 @@ class TokenQuantizer:
             scales[offset] = cutlass.Uint8(byte)
 
     @cute.jit
+    def quantize_words(self, words, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row,
+                       column, group, blocks_per_row):
+        """`quantize_block` of a paired configuration: block `item`'s 16 values as 8 words of the tokens' type
+        (`block_values`' rounded to it with an activation; row `row`, column `column`, in group `group`:
+        E for a row past offs[-1]): their scale (to its blocked place, for a row of a group) and their codes.
+        `decode`: the one decode scale, where the configuration has one."""
+        fp16 = self.config.fp16
+        scale = div_rn(words_amax([magnitude(words[i]) for i in range(8)], fp16), cutlass.Float32(6.0))
+        if cutlass.const_expr(self.config.scale_kind == PER_EXPERT):
+            expert = group
+            if expert >= experts:
+                expert = experts - 1
+            decode = global_scale[expert]
+        if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
+            scale = div_rn(scale, decode)
+        clamp = "{\n\t.reg .f32 t;\n\tmax.f32 t, $1, 0f3C800000;\n\tmin.f32 $0, t, 0f43E00000;\n\t}"
+        scale = ptx(F32, [scale], clamp, "=f,f")  # to [2^-6, 448]
+        byte = e4m3_round(scale)
+        block_scale = e4m3_value(byte)
+        if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
+            block_scale = block_scale * decode
+        codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
+        if positive_finite(block_scale) != 0:  # every block but one of a decode scale <= 0, inf or NaN
+            pack_pair_codes(codes, words, paired_thresholds(step_thresholds(block_scale), fp16), fp16)
+        else:  # fp32's division itself, whatever it makes of such a scale
+            values = []
+            for i in cutlass.range_constexpr(8):
+                low, high = token_values(words[i], fp16)
+                values += [low, high]
+            pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
+        cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
+        if group < experts:
+            first = cutlass.Int32(0)
+            if group > 0:
+                first = ends[group - 1]
+            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
+            scales[offset] = cutlass.Uint8(byte)
+
+    @cute.jit
     def block_values(self, x, item, row, column, blocks_per_row, swiglu):
         """The 16 fp32 values of block `item`: x's (two 16-byte loads); with an activation, SwiGLU of the
         row's gate and up (`swiglu_value`, from four 16-byte loads: the two halves' blocks, or 32 interleaved
@@ -383,6 +523,11 @@ def global_words(address, count: int, align: int):
                             cute.make_layout(count))
 
 
+def token_words(x, item):
+    """Block `item`'s 8 words of x (32 bytes: two 16-byte loads)."""
+    return global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16)
+
+
 @cute.jit
 def swiglu_value(gate, up, alpha, beta, limit, clamped: cutlass.Constexpr[bool], fp16: cutlass.Constexpr[bool]):
     """`mlp.swiglu` of one (gate, up) pair as torch's ops compute it, each op rounded to fp32 on its own (explicit
@@ -437,7 +582,7 @@ class QuantizerLaunch:
         self.launch()
 
 
-_launches = {}  # (dtype, scale kind, swiglu options, device index, stream) -> its QuantizerLaunch
+_launches = {}  # (dtype, scale kind, swiglu options, paired, device index, stream) -> its QuantizerLaunch
 
 
 @functools.lru_cache(maxsize=None)
@@ -484,12 +629,12 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     if work:
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
-        key = (x.dtype, kind, swiglu, index, stream)
+        key = (x.dtype, kind, swiglu, PAIRED, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None)
+                                          limit=limit is not None, paired=PAIRED)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (
@@ -501,7 +646,8 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         # alpha_bits, beta_bits, limit_bits
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows,
-                  min(-(-work // THREADS), CTAS_PER_SM * submission.sm_count(index))) + entry.options
+                  min(-(-work // THREADS), (PAIRED_CTAS_PER_SM if PAIRED else CTAS_PER_SM)
+                      * submission.sm_count(index))) + entry.options
         if index == torch.cuda.current_device():
             entry(values)
         else:

@@ -377,6 +377,28 @@ def test_m_sweep_prints_each_points_floor_without_a_gpu():
     assert refused.returncode == 2 and "no floor known" in refused.stderr
 
 
+def test_quantizer_bench_says_what_it_moves_and_times_nothing_without_a_gpu():
+    """scripts/quantizer_bench.py on a CPU: the bytes a call reads and writes at the default T 4,096 x K 7,168
+    (x in bf16, the codes, the worst-case scale buffer for 8 experts: 75.6 MB), then that nothing is timed, exit
+    0; its routing covers every token with one expert empty."""
+    done = subprocess.run([sys.executable, "scripts/quantizer_bench.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "75.6 MB read and written a call" in done.stdout and "nothing timed" in done.stdout
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import quantizer_bench
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    import torch
+    from nvfp4_group_gemm import moe
+    assert quantizer_bench.moved_bytes(4096, 7168, 8) == (4096 * 7168 * 5 // 2
+                                                          + moe.worst_case_scale_rows(4096, 8) * 7168 // 16)
+    offs = quantizer_bench.routing(1000, 8, torch.Generator().manual_seed(1))
+    counts = torch.diff(offs, prepend=torch.zeros(1, dtype=offs.dtype))
+    assert int(offs[-1]) == 1000 and int(counts[4]) == 0 and bool((counts >= 0).all())
+
+
 def test_m_sweep_names_each_point_slower_than_a_larger_m_of_its_shape():
     """m_sweep.slower_than_larger: a point slower than a larger M of the same (N, K) is named with that M (the
     largest such), other shapes' points never compared."""

@@ -18,8 +18,10 @@ from nvfp4_group_gemm import compile_gate, submission, token_quantizer as tq
 out = {}
 for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, ""),
                                (False, tq.PER_EXPERT, "interleaved")):
-    config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation))
-    out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
+    for paired in (False, True):
+        config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
+                                         paired=paired)
+        out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
 
@@ -37,13 +39,17 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(kernels) == {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
-                            "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
+    names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
+             "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
+    assert set(kernels) == names | {name + "-paired" for name in names}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
         count = lambda pattern: len(re.findall(pattern, ptx))
         scaled, swiglu = "scales" in name, "swiglu" in name
+        if name.endswith("-paired"):
+            check_paired_ptx(name, ptx, count, scaled, swiglu)
+            continue
         # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
         # reciprocal, rounded to the tokens' type
         assert count(r"ld\.global\.v4\.(?:u32|b32)") == (4 if swiglu else 2), name
@@ -68,6 +74,37 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
                 pytest.skip(str(error))
             assert report["spill_store_bytes"] == report["spill_load_bytes"] == report["stack_bytes"] == 0, (
                 name, report)
+
+
+def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> None:
+    """A paired configuration's PTX (TokenQuantizerConfig.paired): the next block's loads issued before this
+    one converts (two copies of the two 16-byte loads; SwiGLU's four as before, its values packed two to a word
+    of the tokens' type); amax by seven packed maxes of the 8 words; the seven step thresholds rounded up to the
+    tokens' type (fp16: cvt.rp); 8 words' codes, three packed compares and four lop3 selects each; the division
+    kept for a scale that is not positive and finite, as in the configuration that goes value by value."""
+    fp16 = "fp16" in name
+    kind = "f16x2" if fp16 else "bf16x2"
+    # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
+    # reciprocal, rounded to the tokens' type and packed two to a word
+    assert count(r"ld\.global\.v4\.(?:u32|b32)") == 4, name
+    assert count(r"ex2\.approx\.ftz\.f32") == count(r"rcp\.rn\.f32") == (16 if swiglu else 0), name
+    assert count(r"cvt\.rn\.bf16\.f32") == count(r"cvt\.rn\.bf16x2\.f32") * 2 == (16 if swiglu else 0), name
+    # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
+    assert count(r"st\.global\.(?:v2\.(?:u32|b32)|b64)") == 1 and count(r"st\.global\.(?:u8|b8)") == 1, name
+    assert count(r"st\.global\.(?:u32|b32)\s") == 1, name  # a padding word
+    # amax: seven packed maxes of 8 words; the seven step thresholds (fp64 products rounded up or down to
+    # fp32, then up to the tokens' type); 8 words' codes, three packed compares each; the division kept for
+    # a scale that is not positive and finite
+    assert count(rf"max\.{kind}") == 7, name
+    assert count(r"cvt\.rp\.f32\.f64") == 3 and count(r"cvt\.rm\.f32\.f64") == 4, name
+    assert count(r"mul\.rn\.f64") == 7 and count(r"cvt\.rp\.f16\.f32") == (7 if fp16 else 0), name
+    assert count(rf"set\.ge\.u32\.{kind}") == 8 * 3 and count(r"lop3\.b32") == 8 * 4, name
+    assert count(r"div\.rn\.f32") == 1 + scaled + 16, name
+    assert count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1 and count(r"cvt\.rn\.f16x2\.e4m3x2") == 1, name
+    # the E4M3 value; with fp16 tokens the amax's two halves and the division's 16 values
+    assert count(r"cvt\.f32\.f16") == (1 + 2 + 16 if fp16 else 1), name
+    assert count(r"bar\.sync") == 1 and count(r"shfl\.sync\.up") >= 5, name
+    assert not re.search(r"div\.(?:approx|full)\.f32", ptx), name
 
 
 def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound_once(monkeypatch):
@@ -122,52 +159,155 @@ def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound
     assert len(binds) == 2 and seen[-1]["ptr_global"] == scale.data_ptr() and seen[-1]["beta_bits"] == 0
 
 
-def test_the_step_thresholds_give_the_codes_fp32s_division_gives():
-    """The quantizer's codes without a division per value (token_quantizer.THRESHOLD_PTX and THRESHOLD_CODE_PTX,
-    emulated here): for a block scale s > 0, finite, each step's boundary x s (exact in fp64) rounded to fp32 up
-    where a tie rounds up, else down and then to the next fp32 above; a value's code how many of these |x|
-    reaches (a three-level search), its sign bit x's. Equal to counting the steps of fp32's x / s
-    (moe.e2m1_codes, as torch divides) for values within a few ulps of every boundary at scales from denormal
-    to 2^120, and for zeros and infinities; a NaN gets the zero of its sign."""
+def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeypatch):
+    """token_quantizer.PAIRED picks paired configurations (TokenQuantizerConfig.paired, a kernel of their own,
+    "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most (it holds more registers a
+    thread than CTAS_PER_SM's kernel); the default compiles the value-by-value configurations."""
+    import contextlib
+
+    import torch
+    from nvfp4_group_gemm import moe, submission, token_quantizer as tq
+    compiled, launched = [], []
+
+    class Host:
+        def __init__(self, config, spec, device_index):
+            self.spec = spec
+            compiled.append(config)
+
+        def bind(self, values, stream):
+            return lambda: launched.append(dict(values))
+    monkeypatch.setattr(tq, "_launches", {})
+    monkeypatch.setattr(tq, "compiled", lambda config, arch: config)
+    monkeypatch.setattr(submission, "HostFunction", Host)
+    monkeypatch.setattr(submission, "current_stream_handle", lambda index: 7)
+    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    monkeypatch.setattr(submission, "target_arch", lambda: "sm_90a")
+    monkeypatch.setattr(moe, "cuda_index", lambda tensor: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    x = torch.empty(4096, 7168, dtype=torch.bfloat16)  # 1.8 M blocks: more than any grid's threads
+    offs = torch.tensor([4096], dtype=torch.int32)
+    for paired, per_sm in ((False, tq.CTAS_PER_SM), (True, tq.PAIRED_CTAS_PER_SM)):
+        monkeypatch.setattr(tq, "PAIRED", paired)
+        tq.quantize_tokens(x, offs, None, 4096)
+        assert compiled[-1].paired == paired and compiled[-1].name.endswith("-paired") == paired
+        assert launched[-1]["ctas"] == per_sm * 132
+    assert tq.PAIRED_CTAS_PER_SM != tq.CTAS_PER_SM
+
+
+def fp32_thresholds(s):
+    """token_quantizer.THRESHOLD_PTX emulated: for block scales s > 0, finite, each step's boundary x s (exact in
+    fp64) rounded to fp32 up where a tie rounds up, else down and then to the next fp32 above: (n, 7), ascending."""
     import torch
     from nvfp4_group_gemm import moe, token_quantizer as tq
     boundaries = torch.tensor([tq.e2m1_boundary(t, up) for t, up in moe.E2M1_STEPS], dtype=torch.float64)
     up = torch.tensor([u for _, u in moe.E2M1_STEPS])
+    exact = boundaries.view(1, -1) * s.double().view(-1, 1)  # (n, 7), exact in fp64
+    nearest = exact.float()
+    back = nearest.double()
+    rounded_up = torch.where(back < exact, torch.nextafter(nearest, torch.tensor(float("inf"))), nearest)
+    rounded_down = torch.where(back > exact, torch.nextafter(nearest, torch.tensor(float("-inf"))), nearest)
+    above = (rounded_down.view(torch.int32) + 1).view(torch.float32)
+    return torch.where(up, rounded_up, above)
 
-    def by_thresholds(x, s):
-        exact = boundaries.view(1, -1) * s.double().view(-1, 1)  # (n, 7), exact in fp64
-        nearest = exact.float()
-        back = nearest.double()
-        rounded_up = torch.where(back < exact, torch.nextafter(nearest, torch.tensor(float("inf"))), nearest)
-        rounded_down = torch.where(back > exact, torch.nextafter(nearest, torch.tensor(float("-inf"))), nearest)
-        above = (rounded_down.view(torch.int32) + 1).view(torch.float32)
-        u = torch.where(up, rounded_up, above)  # (n, 7), ascending
-        a = x.abs()
-        p = a >= u[:, 3]
-        code = torch.where(p, 4, 0)
-        q = a >= torch.where(p, u[:, 5], u[:, 1])
-        code = code + torch.where(q, 2, 0)
-        r = a >= torch.where(p, torch.where(q, u[:, 6], u[:, 4]), torch.where(q, u[:, 2], u[:, 0]))
-        code = code + r.long()
-        return (code | (torch.signbit(x).long() << 3)).to(torch.uint8)
 
-    def by_division(x, s):
-        q = x / s
-        nan = (torch.signbit(x).long() << 3).to(torch.uint8)
-        return torch.where(q.isnan(), nan, moe.e2m1_codes(q))
-    g = torch.Generator().manual_seed(0)
-    n = 400_000
+def codes_by_search(x, u):
+    """PAIR_CODE_PTX emulated (per value): how many of the thresholds u (n, 7) |x| reaches,
+    by a three-level search, x's sign bit as bit 3 (a NaN reaches none)."""
+    import torch
+    a = x.abs()
+    p = a >= u[:, 3]
+    code = torch.where(p, 4, 0)
+    q = a >= torch.where(p, u[:, 5], u[:, 1])
+    code = code + torch.where(q, 2, 0)
+    r = a >= torch.where(p, torch.where(q, u[:, 6], u[:, 4]), torch.where(q, u[:, 2], u[:, 0]))
+    code = code + r.long()
+    return (code | (torch.signbit(x).long() << 3)).to(torch.uint8)
+
+
+def codes_by_division(x, s):
+    """The recipe's codes: the steps fp32's x / s passes (moe.e2m1_codes, as torch divides); a NaN quotient gets
+    the zero of x's sign, as the kernel gives it."""
+    import torch
+    from nvfp4_group_gemm import moe
+    q = x.float() / s
+    nan = (torch.signbit(x).long() << 3).to(torch.uint8)
+    return torch.where(q.isnan(), nan, moe.e2m1_codes(q))
+
+
+def block_scales(n: int, g, low: int = -140):
+    """n positive finite fp32 block scales, from denormal (2^low) to 2^120, random significands."""
+    import torch
     s = ((torch.rand(n, generator=g, dtype=torch.float64) + 0.5)
-         * torch.exp2(torch.randint(-140, 120, (n,), generator=g).double())).float()
-    s = s[(s > 0) & s.isfinite()]
+         * torch.exp2(torch.randint(low, 120, (n,), generator=g).double())).float()
+    return s[(s > 0) & s.isfinite()]
+
+
+def test_the_step_thresholds_give_the_codes_fp32s_division_gives():
+    """The quantizer's codes without a division per value (token_quantizer.THRESHOLD_PTX and PAIR_CODE_PTX's
+    search, emulated here in fp32): a value's code is how many of its block's seven step thresholds |x|
+    reaches, its sign bit x's. Equal to counting the steps of fp32's x / s for values within a few ulps of every
+    boundary at scales from denormal to 2^120, and for zeros and infinities; a NaN gets the zero of its sign."""
+    import torch
+    from nvfp4_group_gemm import moe, token_quantizer as tq
+    boundaries = torch.tensor([tq.e2m1_boundary(t, up) for t, up in moe.E2M1_STEPS], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    s = block_scales(400_000, g)
     which = torch.randint(0, 7, (len(s),), generator=g)
     near = (boundaries[which] * s.double()).float().view(torch.int32)
     ulps = torch.randint(-3, 4, (len(s),), generator=g, dtype=torch.int32)
     x = (near + ulps).clamp(0, 0x7F7FFFFF).view(torch.float32)
     x = torch.where(torch.rand(len(s), generator=g) < 0.5, -x, x)
-    assert torch.equal(by_thresholds(x, s), by_division(x, s))
+    assert torch.equal(codes_by_search(x, fp32_thresholds(s)), codes_by_division(x, s))
     specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, 3.4e38,
                              -3.4e38])
     for scale in (1.0, 2.0 ** -6, 448.0, 1e-38, 1e-45, 3e38):
         s = torch.full(specials.shape, scale)
-        assert torch.equal(by_thresholds(specials, s), by_division(specials, s)), scale
+        assert torch.equal(codes_by_search(specials, fp32_thresholds(s)), codes_by_division(specials, s)), scale
+
+
+def type_ceiling(u, dtype):
+    """token_quantizer.PAIRED_THRESHOLD_PTX emulated: the smallest value of `dtype` at or above each fp32
+    threshold (positive): bf16 by adding 0xFFFF to the bits and keeping the upper half, fp16 as cvt.rp does
+    (inf above its largest finite value)."""
+    import torch
+    if dtype == torch.bfloat16:
+        return ((u.view(torch.int32) + 0xFFFF) & -65536).view(torch.float32).to(torch.bfloat16)
+    nearest = u.half()
+    below = nearest.float() < u
+    return torch.where(below, (nearest.view(torch.int16) + 1).view(torch.float16), nearest)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_thresholds_in_the_tokens_type_give_the_same_codes(dtype):
+    """The kernel compares tokens two at a time in their own type (PAIR_CODE_PTX: bf16x2 or f16x2 compares)
+    against each fp32 threshold's ceiling in that type (PAIRED_THRESHOLD_PTX): for a value x of that type,
+    x >= t exactly when x >= the ceiling. Emulated here: the codes equal fp32's division's for tokens within a
+    few of the type's ulps of every boundary at every block scale the type's range meets, for the type's
+    extremes (its largest finite value, its smallest subnormal, zeros, infinities) and a NaN gets the zero of
+    its sign."""
+    import torch
+    from nvfp4_group_gemm import moe, token_quantizer as tq
+    dtype = getattr(torch, dtype)
+    bits = torch.int16
+    boundaries = torch.tensor([tq.e2m1_boundary(t, up) for t, up in moe.E2M1_STEPS], dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    s = block_scales(400_000, g, low=-140 if dtype == torch.bfloat16 else -40)
+    which = torch.randint(0, 7, (len(s),), generator=g)
+    near = (boundaries[which] * s.double()).float().to(dtype)
+    near = near[near.isfinite()]
+    s, which = s[:len(near)], which[:len(near)]
+    ulps = torch.randint(-3, 4, (len(near),), generator=g, dtype=bits)
+    top = torch.tensor(float("inf"), dtype=dtype).view(bits) - 1
+    x = (near.view(bits) + ulps).clamp(0, int(top)).view(dtype)
+    x = torch.where(torch.rand(len(x), generator=g) < 0.5, -x, x)
+    u = type_ceiling(fp32_thresholds(s), dtype)
+    assert torch.equal(codes_by_search(x, u), codes_by_division(x, s))
+    info = torch.finfo(dtype)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), info.max, -info.max,
+                             info.smallest_normal, 2.0 ** -133 if dtype == torch.bfloat16 else 2.0 ** -24, 1.0,
+                             6.0]).to(dtype)
+    for scale in (1.0, 2.0 ** -6, 448.0, 1e-38, 1e-45, 3e38, 65504.0 / 6, 2.0 ** -24, 5.96e-8):
+        s = torch.full(specials.shape, scale)
+        got = codes_by_search(specials, type_ceiling(fp32_thresholds(s), dtype))
+        assert torch.equal(got, codes_by_division(specials, s)), scale

@@ -1,0 +1,77 @@
+"""The token quantizer's two configurations side by side, in one process: the value-by-value kernel (the
+default) and the paired one (`token_quantizer.PAIRED`), each checked to give the other's bytes, then each
+replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (bytes read and written over the
+replayed time) against the card's HBM bandwidth.
+
+    python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
+                                      [--paired-ctas 4,5,6]
+
+--paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`). Without a Hopper
+or B200 GPU it prints what it would move and exits."""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def moved_bytes(tokens: int, k: int, experts: int) -> int:
+    """x read (bf16), the codes and the whole scale buffer written."""
+    from nvfp4_group_gemm import moe
+    return tokens * k * 2 + tokens * k // 2 + moe.worst_case_scale_rows(tokens, experts) * moe.scale_width(k)
+
+
+def routing(tokens: int, experts: int, generator):
+    """offs of `experts` uneven groups (one empty) covering the tokens."""
+    import torch
+    weights = torch.rand(experts, generator=generator) + 0.2
+    weights[experts // 2] = 0.0
+    counts = (weights / weights.sum() * tokens).floor().long()
+    counts[0] += tokens - int(counts.sum())
+    return counts.cumsum(0).to(torch.int32)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--k", type=int, default=7168)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--paired-ctas", default="", help="comma-separated CTAs an SM for the paired kernel")
+    options = parser.parse_args(argv)
+    import torch
+    from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
+    from nvfp4_group_gemm.mlp_report import graph_us
+    moved = moved_bytes(options.tokens, options.k, options.experts)
+    print(f"quantizer at T {options.tokens}, K {options.k}, E {options.experts}: {moved / 1e6:.1f} MB read and "
+          "written a call")
+    if not torch.cuda.is_available() or not tq.kernel_device(torch.cuda.current_device()):
+        print("no Hopper or B200 GPU here: nothing timed")
+        return 0
+    card = measure.card_of(torch.cuda.get_device_name())
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(options.tokens, options.k, generator=generator).to(torch.bfloat16).cuda()
+    offs = routing(options.tokens, options.experts, generator).cuda()
+    scale = torch.tensor([0.37], device="cuda")
+    settings = [("value by value", False, tq.CTAS_PER_SM), ("paired", True, tq.PAIRED_CTAS_PER_SM)]
+    settings += [(f"paired, {n} CTAs an SM", True, int(n)) for n in options.paired_ctas.split(",") if n]
+
+    def run(paired: bool, per_sm: int):
+        tq.PAIRED, tq.PAIRED_CTAS_PER_SM = paired, per_sm
+        return mlp.quantize_tokens_device(x, offs, scale)
+    want = [t.view(torch.uint8) for t in run(False, tq.CTAS_PER_SM)]
+    failed = False
+    for label, paired, per_sm in settings[1:]:
+        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(paired, per_sm), want))
+        failed |= not same
+        print(f"  {label}: {'the same bytes' if same else 'DIFFERENT BYTES'} as value by value")
+    for round_ in range(options.rounds):
+        for label, paired, per_sm in settings:
+            us = graph_us(lambda: run(paired, per_sm))
+            share = f", {100 * moved / us * 1e6 / card.bytes_per_s:.1f} % of the {card.name}'s HBM" if card else ""
+            print(f"  round {round_ + 1}, {label}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
