@@ -18,7 +18,11 @@ its blocked place), then 4-byte words of the scale buffer's padding (the rows of
 Every CTA first finds the groups from offs (one warp: `moe_tables.clamped_bounds`, a scan of the rows rounded
 up to 128) into shared memory; a thread's first row's group is a binary search there, each later one's a
 search forward from the last (its blocks come in row order). Compiled once per token type, decode scale kind
-and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row)."""
+and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row).
+
+A paired configuration (`TokenQuantizerConfig.paired`, where `PAIRED` is set) does the same on 32-bit words of
+two tokens: the amax by bf16x2 / f16x2 maxes, the codes by packed compares against the thresholds rounded up to
+the tokens' type (`PAIR_CODE_PTX`), each block's loads issued one block ahead."""
 import dataclasses
 import functools
 import struct
@@ -237,7 +241,7 @@ def token_values(word: cutlass.Uint32, fp16: cutlass.Constexpr[bool]):
 class TokenQuantizerConfig:
     """What a compiled quantizer is specific to: the tokens' type, the decode scale's kind, whether it
     quantizes x itself or SwiGLU of x (`activation`: gate and up in halves or interleaved; `limit`: clamped),
-    and `paired`: a block's amax and codes two values at a time, on words of the tokens' type (`quantize_words`),
+    and `paired`: a block's amax and codes two values at a time, on words of the tokens' type (`quantize_block`),
     its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
@@ -337,11 +341,10 @@ class TokenQuantizer:
                         pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
                         for i in cutlass.range_constexpr(8):
                             words[i] = ptx(U32, [values[2 * i], values[2 * i + 1]], pair, "=r,f,f")
-                    self.quantize_words(words, packed, scales, global_scale, decode, ends, scale_rows, experts,
-                                        item, row, column, group, blocks_per_row)
                 else:
-                    self.quantize_block(x, packed, scales, global_scale, ends, scale_rows, experts, item, row,
-                                        column, group, blocks_per_row, swiglu)
+                    words = None
+                self.quantize_block(x, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row,
+                                    column, group, blocks_per_row, swiglu, words)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
             row += step_rows
@@ -382,18 +385,23 @@ class TokenQuantizer:
         return low
 
     @cute.jit
-    def quantize_block(self, x, packed, scales, global_scale, ends, scale_rows, experts, item, row, column, group,
-                       blocks_per_row, swiglu):
+    def quantize_block(self, x, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row, column,
+                       group, blocks_per_row, swiglu, words):
         """16 values of x (or of SwiGLU of x: `block_values`), block `item` (row `row`, column `column`, in
         group `group`: E for a row past offs[-1]): their scale (to its blocked place, for a row of a group) and
-        their codes."""
-        values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
-        amax = cutlass.Float32(0.0)
-        for v in values:
-            amax = ptx(F32, [amax, v], "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}", "=f,f,f")
+        their codes. A paired configuration has them as `words`, 8 words of the tokens' type (its amax and codes
+        two values at a time), and its one decode scale in `decode`, read before the loop."""
+        fp16 = self.config.fp16
+        if cutlass.const_expr(self.config.paired):
+            amax = words_amax([magnitude(words[i]) for i in range(8)], fp16)
+        else:
+            values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
+            amax = cutlass.Float32(0.0)
+            for v in values:
+                amax = ptx(F32, [amax, v], "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}",
+                           "=f,f,f")
         scale = div_rn(amax, cutlass.Float32(6.0))
-        decode = cutlass.Float32(1.0)
-        if cutlass.const_expr(self.config.scale_kind == ONE_SCALE):
+        if cutlass.const_expr(self.config.scale_kind == ONE_SCALE and not self.config.paired):
             decode = global_scale[0]
         if cutlass.const_expr(self.config.scale_kind == PER_EXPERT):
             expert = group
@@ -411,48 +419,15 @@ class TokenQuantizer:
         codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
         if positive_finite(block_scale) != 0:  # every block but one of a decode scale <= 0, inf or NaN
             thresholds = step_thresholds(block_scale)
-            pack_codes(codes, values, lambda v: e2m1_code_by_thresholds(v, thresholds))
+            if cutlass.const_expr(self.config.paired):
+                pack_pair_codes(codes, words, paired_thresholds(thresholds, fp16), fp16)
+            else:
+                pack_codes(codes, values, lambda v: e2m1_code_by_thresholds(v, thresholds))
         else:  # fp32's division itself, whatever it makes of such a scale
-            pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
-        cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
-        if group < experts:
-            first = cutlass.Int32(0)
-            if group > 0:
-                first = ends[group - 1]
-            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
-            scales[offset] = cutlass.Uint8(byte)
-
-    @cute.jit
-    def quantize_words(self, words, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row,
-                       column, group, blocks_per_row):
-        """`quantize_block` of a paired configuration: block `item`'s 16 values as 8 words of the tokens' type
-        (`block_values`' rounded to it with an activation; row `row`, column `column`, in group `group`:
-        E for a row past offs[-1]): their scale (to its blocked place, for a row of a group) and their codes.
-        `decode`: the one decode scale, where the configuration has one."""
-        fp16 = self.config.fp16
-        scale = div_rn(words_amax([magnitude(words[i]) for i in range(8)], fp16), cutlass.Float32(6.0))
-        if cutlass.const_expr(self.config.scale_kind == PER_EXPERT):
-            expert = group
-            if expert >= experts:
-                expert = experts - 1
-            decode = global_scale[expert]
-        if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
-            scale = div_rn(scale, decode)
-        clamp = "{\n\t.reg .f32 t;\n\tmax.f32 t, $1, 0f3C800000;\n\tmin.f32 $0, t, 0f43E00000;\n\t}"
-        scale = ptx(F32, [scale], clamp, "=f,f")  # to [2^-6, 448]
-        byte = e4m3_round(scale)
-        block_scale = e4m3_value(byte)
-        if cutlass.const_expr(self.config.scale_kind != NO_SCALE):
-            block_scale = block_scale * decode
-        codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
-        if positive_finite(block_scale) != 0:  # every block but one of a decode scale <= 0, inf or NaN
-            pack_pair_codes(codes, words, paired_thresholds(step_thresholds(block_scale), fp16), fp16)
-        else:  # fp32's division itself, whatever it makes of such a scale
-            values = []
-            for i in cutlass.range_constexpr(8):
-                low, high = token_values(words[i], fp16)
-                values += [low, high]
-            pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
+            if cutlass.const_expr(self.config.paired):
+                pack_codes(codes, word_values(words, fp16), lambda v: e2m1_code(v, block_scale))
+            else:
+                pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
         cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
         if group < experts:
             first = cutlass.Int32(0)
@@ -521,6 +496,14 @@ def global_words(address, count: int, align: int):
     """`count` 32-bit words of global memory at `address` (aligned to `align` bytes): one vector access."""
     return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, cute.AddressSpace.gmem, assumed_align=align),
                             cute.make_layout(count))
+
+
+def word_values(words, fp16: bool) -> list:
+    """The 16 fp32 values of 8 words of tokens (`token_values`, low half first)."""
+    values = []
+    for i in range(8):
+        values += list(token_values(words[i], fp16))
+    return values
 
 
 def token_words(x, item):

@@ -107,17 +107,34 @@ def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> 
     assert not re.search(r"div\.(?:approx|full)\.f32", ptx), name
 
 
+def stand_in_device(monkeypatch, host_class) -> None:
+    """quantize_tokens' host path on a CPU: `host_class` for submission.HostFunction (made with the compiled
+    function, here the configuration itself), device 0 of 132 SMs, stream 7, no launches kept from before."""
+    import contextlib
+
+    import torch
+    from nvfp4_group_gemm import moe, submission, token_quantizer as tq
+    monkeypatch.setattr(tq, "_launches", {})
+    monkeypatch.setattr(tq, "compiled", lambda config, arch: config)
+    monkeypatch.setattr(submission, "HostFunction", host_class)
+    monkeypatch.setattr(submission, "current_stream_handle", lambda index: 7)
+    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
+    monkeypatch.setattr(submission, "target_arch", lambda: "sm_90a")
+    monkeypatch.setattr(moe, "cuda_index", lambda tensor: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+
+
 def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound_once(monkeypatch):
     """quantize_tokens' host path with the native host function stood in for (no GPU): the values the kernel
     reads (each argument at its address, as the native function does) are the call's, in the jit signature's
     order, SwiGLU's options as fp32 bits (negative ones too); a later call of the same kind on the same stream
     rewrites them without binding again; another kind gets its own launch."""
-    import contextlib
     import ctypes
     import struct
 
     import torch
-    from nvfp4_group_gemm import moe, submission, token_quantizer as tq
+    from nvfp4_group_gemm import submission, token_quantizer as tq
     seen, binds = [], []
 
     class Host:
@@ -134,15 +151,7 @@ def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound
                              for name, at, width in zip(self.spec.names, addresses, self.spec.widths)})
             launch.storage, launch.packed = storage, packed
             return launch
-    monkeypatch.setattr(tq, "_launches", {})
-    monkeypatch.setattr(tq, "compiled", lambda config, arch: config)
-    monkeypatch.setattr(submission, "HostFunction", Host)
-    monkeypatch.setattr(submission, "current_stream_handle", lambda index: 7)
-    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
-    monkeypatch.setattr(submission, "target_arch", lambda: "sm_90a")
-    monkeypatch.setattr(moe, "cuda_index", lambda tensor: 0)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    stand_in_device(monkeypatch, Host)
     bits = lambda value: struct.unpack("<i", struct.pack("<f", value))[0]
     offs = torch.tensor([3, 10], dtype=torch.int32)
     for call, tokens in enumerate((10, 12)):
@@ -163,10 +172,8 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
     """token_quantizer.PAIRED picks paired configurations (TokenQuantizerConfig.paired, a kernel of their own,
     "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most (it holds more registers a
     thread than CTAS_PER_SM's kernel); the default compiles the value-by-value configurations."""
-    import contextlib
-
     import torch
-    from nvfp4_group_gemm import moe, submission, token_quantizer as tq
+    from nvfp4_group_gemm import token_quantizer as tq
     compiled, launched = [], []
 
     class Host:
@@ -176,15 +183,7 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
 
         def bind(self, values, stream):
             return lambda: launched.append(dict(values))
-    monkeypatch.setattr(tq, "_launches", {})
-    monkeypatch.setattr(tq, "compiled", lambda config, arch: config)
-    monkeypatch.setattr(submission, "HostFunction", Host)
-    monkeypatch.setattr(submission, "current_stream_handle", lambda index: 7)
-    monkeypatch.setattr(submission, "sm_count", lambda index: 132)
-    monkeypatch.setattr(submission, "target_arch", lambda: "sm_90a")
-    monkeypatch.setattr(moe, "cuda_index", lambda tensor: 0)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    stand_in_device(monkeypatch, Host)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)  # 1.8 M blocks: more than any grid's threads
     offs = torch.tensor([4096], dtype=torch.int32)
     for paired, per_sm in ((False, tq.CTAS_PER_SM), (True, tq.PAIRED_CTAS_PER_SM)):
