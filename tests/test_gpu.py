@@ -721,15 +721,18 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
 
 
 @needs_hopper_or_b200
+@pytest.mark.parametrize("paired", [False, True], ids=["value by value", "paired"])
 @pytest.mark.parametrize("scale", [None, "one", "per expert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("sizes", [(300,), (0, 129, 0, 7, 260, 1), (0, 0, 0), (5, 0, 64), (1,) * 40],
                          ids=["one expert", "empty experts", "no token", "rows past offs[-1]", "40 experts"])
-def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale):
-    """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel: the same packed codes and the same
-    blocked scale bytes (padding zero) as the torch composition on the CPU, for blocks of zeros, of -0, of values
-    past 448 x 6, of tiny values and on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
+def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, paired, monkeypatch):
+    """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in both configurations
+    (token_quantizer.PAIRED): the same packed codes and the same blocked scale bytes (padding zero) as the torch
+    composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of tiny values and on E2M1's
+    ties; rows past offs[-1] quantized, their scales not stored."""
     from nvfp4_group_gemm import mlp, token_quantizer
+    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     gen = torch.Generator().manual_seed(len(sizes))
     tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
     x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
@@ -762,15 +765,21 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
     for other in (offs.long(), strided):
         got = mlp.quantize_tokens_device(x, other)
         assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+
+
+@needs_hopper_or_b200
 @pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (1.702, 1.0), (0.5, -1.0)],
                          ids=["silu", "gpt-oss", "negative-beta"])
 @pytest.mark.parametrize("layout,limit", [("halves", None), ("interleaved", None), ("interleaved", 7.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(dtype, layout, limit, alpha, beta):
-    """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h): the same bytes as
-    torch's ops on the GPU (mlp.swiglu, then the torch quantizer composition), per-expert decode scales, empty
-    experts and rows past offs[-1]."""
+@pytest.mark.parametrize("paired", [False, True], ids=["value by value", "paired"])
+def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(paired, dtype, layout, limit, alpha, beta,
+                                                                 monkeypatch):
+    """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h), in both configurations
+    (token_quantizer.PAIRED): the same bytes as torch's ops on the GPU (mlp.swiglu, then the torch quantizer
+    composition), per-expert decode scales, empty experts and rows past offs[-1]."""
     from nvfp4_group_gemm import mlp, token_quantizer
+    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     gen = torch.Generator().manual_seed(5)
     sizes, inter = (0, 129, 0, 7, 160, 4), 192
     tokens = sum(sizes) + 3
