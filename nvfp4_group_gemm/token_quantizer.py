@@ -37,11 +37,13 @@ from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
 
 THREADS = 256  # per CTA
 CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
-PAIRED_CTAS_PER_SM = 5  # the same for a paired configuration (more registers a thread: fewer CTAs fit an SM)
+# the same for a paired configuration, as many as fit an SM (47-48 registers a thread; with SwiGLU 53-55)
+PAIRED_CTAS_PER_SM, PAIRED_SWIGLU_CTAS_PER_SM = 5, 4
 PAIRED = False  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
 K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
 NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
+assert BLOCK_ROWS == 128 and SF_VEC_SIZE == 16  # blocked_offset's shifts
 
 POINTERS = {"ptr_x": (cutlass.Uint32, 16), "ptr_offs": (cutlass.Int32, 4), "ptr_packed": (cutlass.Uint32, 8),
             "ptr_scales": (cutlass.Uint8, 16), "ptr_global": (cutlass.Float32, 4)}
@@ -433,7 +435,7 @@ class TokenQuantizer:
             first = cutlass.Int32(0)
             if group > 0:
                 first = ends[group - 1]
-            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
+            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row, self.config.paired)
             scales[offset] = cutlass.Uint8(byte)
 
     @cute.jit
@@ -486,7 +488,7 @@ class TokenQuantizer:
                 first = ends[group - 1]
             tokens_in_block = ends[group] - first
         if row - scale_rows[group] >= tokens_in_block:
-            offset = blocked_offset(row, column, words_per_row * 4)
+            offset = blocked_offset(row, column, words_per_row * 4, self.config.paired)
             zero = cute.make_rmem_tensor((1,), cutlass.Uint32)
             zero[0] = cutlass.Uint32(0)
             cute.autovec_copy(zero, global_words(scales.iterator.toint() + offset, 1, 4))
@@ -532,9 +534,13 @@ def swiglu_value(gate, up, alpha, beta, limit, clamped: cutlass.Constexpr[bool],
 
 
 @cute.jit
-def blocked_offset(row, column, width):
+def blocked_offset(row, column, width, shifts: cutlass.Constexpr[bool] = False):
     """The byte of scale row `row`, column `column` in the 128x4-blocked layout `width` bytes a row
-    (`moe.scale_offsets`)."""
+    (`moe.scale_offsets`). Row and column are never negative: with `shifts`, shifts and masks compute it, without
+    signed division's corrections (a paired configuration's: 30 fewer instructions a block)."""
+    if cutlass.const_expr(shifts):
+        return (cutlass.Int64(row >> 7) * (BLOCK_ROWS * width) + (column >> 2) * 512 + (row & 31) * 16
+                + ((row >> 5) & 3) * 4 + (column & 3))
     return (cutlass.Int64(row // BLOCK_ROWS) * (BLOCK_ROWS * width) + (column // 4) * 512 + (row % 32) * 16
             + ((row % BLOCK_ROWS) // 32) * 4 + column % 4)
 
@@ -597,6 +603,13 @@ def f32_as_int32(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
+def grid_per_sm(swiglu: bool) -> int:
+    """The grid's CTAs an SM at most, for the configurations `PAIRED` picks."""
+    if not PAIRED:
+        return CTAS_PER_SM
+    return PAIRED_SWIGLU_CTAS_PER_SM if swiglu else PAIRED_CTAS_PER_SM
+
+
 def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int,
                     swiglu: Optional[tuple] = None):
     """The kernel's (packed, scales) for a call `runs_on` takes (the caller checked the arguments): new tensors,
@@ -629,8 +642,8 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         # alpha_bits, beta_bits, limit_bits
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows,
-                  min(-(-work // THREADS), (PAIRED_CTAS_PER_SM if PAIRED else CTAS_PER_SM)
-                      * submission.sm_count(index))) + entry.options
+                  min(-(-work // THREADS), grid_per_sm(swiglu is not None) * submission.sm_count(index))
+                  ) + entry.options
         if index == torch.cuda.current_device():
             entry(values)
         else:

@@ -170,8 +170,9 @@ def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound
 
 def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeypatch):
     """token_quantizer.PAIRED picks paired configurations (TokenQuantizerConfig.paired, a kernel of their own,
-    "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most (it holds more registers a
-    thread than CTAS_PER_SM's kernel); the default compiles the value-by-value configurations."""
+    "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most, PAIRED_SWIGLU_CTAS_PER_SM with
+    SwiGLU (as many as fit an SM: they hold more registers a thread than the default's kernels); the default
+    compiles the value-by-value configurations."""
     import torch
     from nvfp4_group_gemm import token_quantizer as tq
     compiled, launched = [], []
@@ -186,12 +187,14 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
     stand_in_device(monkeypatch, Host)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)  # 1.8 M blocks: more than any grid's threads
     offs = torch.tensor([4096], dtype=torch.int32)
-    for paired, per_sm in ((False, tq.CTAS_PER_SM), (True, tq.PAIRED_CTAS_PER_SM)):
+    swiglu = ("halves", 1.0, 0.0, None)
+    for paired, options, per_sm in ((False, None, tq.CTAS_PER_SM), (True, None, tq.PAIRED_CTAS_PER_SM),
+                                    (False, swiglu, tq.CTAS_PER_SM), (True, swiglu, tq.PAIRED_SWIGLU_CTAS_PER_SM)):
         monkeypatch.setattr(tq, "PAIRED", paired)
-        tq.quantize_tokens(x, offs, None, 4096)
+        tq.quantize_tokens(x, offs, None, 4096, swiglu=options)
         assert compiled[-1].paired == paired and compiled[-1].name.endswith("-paired") == paired
         assert launched[-1]["ctas"] == per_sm * 132
-    assert tq.PAIRED_CTAS_PER_SM != tq.CTAS_PER_SM
+    assert len({tq.CTAS_PER_SM, tq.PAIRED_CTAS_PER_SM, tq.PAIRED_SWIGLU_CTAS_PER_SM}) == 3
 
 
 def fp32_thresholds(s):
