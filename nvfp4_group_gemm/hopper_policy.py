@@ -2,8 +2,8 @@
 runs per shape set (`sm90_choice`, from a cost model per tile: SM90_TILE_COST_NS, fitted to H200 sweeps in
 docs/hopper.md), which forms the MoE op launches for T tokens over E experts (`moe_forms`, from routings sampled
 as an unbalanced router makes them), the configuration settings people name (CONFIG_ENV, MOE_FORM_ENV), and the
-sm_90 path's launcher, which registers itself with submission.py (`launch.register_path`) when this module is imported
-(`harness.load_submission` does)."""
+sm_90 path's launcher, which registers itself with submission.py (`launch.register_path`) when this module is
+imported (`harness.load_submission` does)."""
 import functools
 import os
 from typing import Optional
@@ -153,9 +153,9 @@ def moe_one_wave_ctas(tokens: int, experts: int, n: int, num_sms: int) -> int:
 def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
     """The MoE op's forms on sm_90, launched in this order: the one `moe_form` names (MOE_FORM_ENV, or
     `set_moe_form`: to time each form on a workload), else `moe_choice`'s, and after it the default form where
-    some routing's tiles, not every one's, fit the default form's grid in one wave (their rows multiples of 128, as routers that pad each expert's
-    rows to a block, or give each the same capacity, make them): there the default form's busiest CTA runs
-    one 128 x 128 tile. With two, the device chooses from the routing (`MOE_TWO_FORM_RULES`: the default form
+    some routing's tiles, not every one's, fit the default form's grid in one wave (their rows multiples of 128,
+    as routers that pad each expert's rows to a block, or give each the same capacity, make them): there the
+    default form's busiest CTA runs one 128 x 128 tile. With two, the device chooses from the routing (`MOE_TWO_FORM_RULES`: the default form
     takes the calls that fit, the other the rest; the launch not taking a call ends after its wait)."""
     setting = moe_form
     if setting:

@@ -53,21 +53,24 @@ def main(argv=None) -> int:
     x = torch.randn(options.tokens, options.k, generator=generator).to(torch.bfloat16).cuda()
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
-    settings = [("value by value", False, tq.CTAS_PER_SM), ("paired", True, tq.PAIRED_CTAS_PER_SM)]
-    settings += [(f"paired, {n} CTAs an SM", True, int(n)) for n in options.paired_ctas.split(",") if n]
+    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one)
+    settings = [("value by value", None), ("paired", tq.PAIRED_CTAS_PER_SM)]
+    settings += [(f"paired, {n} CTAs an SM", int(n)) for n in options.paired_ctas.split(",") if n]
 
-    def run(paired: bool, per_sm: int):
-        tq.PAIRED, tq.PAIRED_CTAS_PER_SM = paired, per_sm
+    def run(per_sm):
+        tq.PAIRED = per_sm is not None
+        if tq.PAIRED:
+            tq.PAIRED_CTAS_PER_SM = per_sm
         return mlp.quantize_tokens_device(x, offs, scale)
-    want = [t.view(torch.uint8) for t in run(False, tq.CTAS_PER_SM)]
+    want = [t.view(torch.uint8) for t in run(None)]
     failed = False
-    for label, paired, per_sm in settings[1:]:
-        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(paired, per_sm), want))
+    for label, per_sm in settings[1:]:
+        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(per_sm), want))
         failed |= not same
         print(f"  {label}: {'the same bytes' if same else 'DIFFERENT BYTES'} as value by value")
     for round_ in range(options.rounds):
-        for label, paired, per_sm in settings:
-            us = graph_us(lambda: run(paired, per_sm))
+        for label, per_sm in settings:
+            us = graph_us(lambda: run(per_sm))
             share = f", {100 * moved / us * 1e6 / card.bytes_per_s:.1f} % of the {card.name}'s HBM" if card else ""
             print(f"  round {round_ + 1}, {label}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}", flush=True)
     return 1 if failed else 0

@@ -11,8 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nvfp4_group_gemm.casefile import BENCHMARKS_FILE, TESTS_FILE, read_test_file  # noqa: E402
-from nvfp4_group_gemm.harness import load_submission  # noqa: E402
-from nvfp4_group_gemm import launch  # noqa: E402
+from nvfp4_group_gemm.harness import code_path, load_submission  # noqa: E402
 from nvfp4_group_gemm.reference import check_implementation, generate_input  # noqa: E402
 
 submission = load_submission()  # with hopper.py's sm_90 path
@@ -36,7 +35,7 @@ for path, index in ((TESTS_FILE, test_index), (BENCHMARKS_FILE, benchmark_index)
     torch.cuda.synchronize()
     good, message = check_implementation(data, output)
     print(f"{path.name}[{index}] {case.spec}: {'pass' if good else 'FAIL ' + message[:300]} "
-          f"[{launch.code_path(torch.device('cuda'))}]")
+          f"[{code_path(torch.device('cuda'))}]")
     failed |= not good
 
 if moe_too:  # the MoE op on one routing with a quarter of the experts empty, as the op runs on this GPU
