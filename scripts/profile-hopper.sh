@@ -25,7 +25,7 @@ fi
 for case in ${PROFILE_CASES:-0 3}; do
   echo "=== ncu, benchmark $case"
   # GEMM launches only (the descriptor builder, once per plan, is left out)
-  timeout 300 "$ncu" --clock-control none -k "regex:cutlass_kernel_hopper" --launch-skip 20 \
+  timeout 300 "$ncu" --clock-control none -k "regex:kernel_cutlass_kernel_nvfp4_group_gemmhopper" --launch-skip 20 \
       --launch-count 2 --set full --print-details all \
       python3 -W ignore eval.py benchmarks --case "$case" > "$OUT/ncu-benchmark$case.txt" 2>&1 || status=1
   grep -E "^  kernel|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|Max Bandwidth|Issue Slots Busy|No Eligible|issue_stalled_(long_scoreboard|wait|dispatch_stall|selected|barrier|math_pipe_throttle|mio_throttle|short_scoreboard) " \
