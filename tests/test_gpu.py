@@ -720,19 +720,25 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
     assert mlp_report.replays_follow_new_routings(experts, 4, 512, device, gpu=True)
 
 
+QUANTIZER_CONFIGURATIONS = {"value by value": (False, 1), "paired": (True, 1), "paired two ahead": (True, 2)}
+
+
 @needs_hopper_or_b200
-@pytest.mark.parametrize("paired", [False, True], ids=["value by value", "paired"])
+@pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 @pytest.mark.parametrize("scale", [None, "one", "per expert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("sizes", [(300,), (0, 129, 0, 7, 260, 1), (0, 0, 0), (5, 0, 64), (1,) * 40],
                          ids=["one expert", "empty experts", "no token", "rows past offs[-1]", "40 experts"])
-def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, paired, monkeypatch):
-    """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in both configurations
-    (token_quantizer.PAIRED): the same packed codes and the same blocked scale bytes (padding zero) as the torch
-    composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of tiny values and on E2M1's
-    ties; rows past offs[-1] quantized, their scales not stored."""
+def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, configuration,
+                                                                    monkeypatch):
+    """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in each configuration
+    (token_quantizer.PAIRED, PAIRED_AHEAD): the same packed codes and the same blocked scale bytes (padding zero)
+    as the torch composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of tiny values and
+    on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
     from nvfp4_group_gemm import mlp, token_quantizer
+    paired, ahead = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
+    monkeypatch.setattr(token_quantizer, "PAIRED_AHEAD", ahead)
     gen = torch.Generator().manual_seed(len(sizes))
     tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
     x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
@@ -748,6 +754,27 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
     packed, blocked = mlp.quantize_tokens_device(x.cuda(), offs.cuda(), cuda(global_scale))
     rows = mlp.worst_case_scale_rows(tokens, experts)
     want_packed, want_blocked = mlp.quantize_tokens_torch(x, offs, global_scale, rows)
+    assert torch.equal(packed.cpu(), want_packed)
+    assert torch.equal(blocked.cpu().view(torch.uint8), want_blocked.view(torch.uint8))
+
+
+@needs_hopper_or_b200
+@pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
+def test_the_token_quantizer_on_a_small_grid_takes_many_blocks_a_thread(configuration, monkeypatch):
+    """The grid as on a GPU of one SM (a few CTAs), so that each thread quantizes many blocks in turn (its loads
+    one or two blocks ahead): the same bytes as the torch composition."""
+    from nvfp4_group_gemm import mlp, submission, token_quantizer
+    paired, ahead = QUANTIZER_CONFIGURATIONS[configuration]
+    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
+    monkeypatch.setattr(token_quantizer, "PAIRED_AHEAD", ahead)
+    monkeypatch.setattr(submission, "sm_count", lambda index: 1)
+    gen = torch.Generator().manual_seed(3)
+    sizes = (700, 0, 333, 1024, 17)
+    x = (torch.randn(sum(sizes) + 5, 512, generator=gen) * 3).to(torch.bfloat16)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    scale = torch.rand(len(sizes), generator=gen) + 0.1
+    packed, blocked = mlp.quantize_tokens_device(x.cuda(), offs.cuda(), scale.cuda())
+    want_packed, want_blocked = mlp.quantize_tokens_torch(x, offs, scale, mlp.worst_case_scale_rows(x.shape[0], 5))
     assert torch.equal(packed.cpu(), want_packed)
     assert torch.equal(blocked.cpu().view(torch.uint8), want_blocked.view(torch.uint8))
 

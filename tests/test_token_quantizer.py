@@ -22,6 +22,8 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
+config = tq.TokenQuantizerConfig(paired=True, ahead=2)
+out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
 
@@ -41,13 +43,13 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
-    assert set(kernels) == names | {name + "-paired" for name in names}
+    assert set(kernels) == names | {name + "-paired" for name in names} | {"quantize-tokens-bf16-paired-ahead2"}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
         count = lambda pattern: len(re.findall(pattern, ptx))
         scaled, swiglu = "scales" in name, "swiglu" in name
-        if name.endswith("-paired"):
+        if "-paired" in name:
             check_paired_ptx(name, ptx, count, scaled, swiglu)
             continue
         # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
@@ -78,7 +80,8 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
 
 def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> None:
     """A paired configuration's PTX (TokenQuantizerConfig.paired): the next block's loads issued before this
-    one converts (two copies of the two 16-byte loads; SwiGLU's four as before, its values packed two to a word
+    one converts (two copies of the two 16-byte loads, three where `ahead` is 2: the first two blocks' before
+    the loop, the one two ahead in it; SwiGLU's four as before, its values packed two to a word
     of the tokens' type); amax by seven packed maxes of the 8 words; the seven step thresholds rounded up to the
     tokens' type (fp16: cvt.rp); 8 words' codes, three packed compares and four lop3 selects each; the division
     kept for a scale that is not positive and finite, as in the configuration that goes value by value."""
@@ -86,7 +89,7 @@ def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> 
     kind = "f16x2" if fp16 else "bf16x2"
     # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
     # reciprocal, rounded to the tokens' type and packed two to a word
-    assert count(r"ld\.global\.v4\.(?:u32|b32)") == 4, name
+    assert count(r"ld\.global\.v4\.(?:u32|b32)") == (6 if name.endswith("-ahead2") else 4), name
     assert count(r"ex2\.approx\.ftz\.f32") == count(r"rcp\.rn\.f32") == (16 if swiglu else 0), name
     assert count(r"cvt\.rn\.bf16\.f32") == count(r"cvt\.rn\.bf16x2\.f32") * 2 == (16 if swiglu else 0), name
     # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
@@ -195,6 +198,23 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
         assert compiled[-1].paired == paired and compiled[-1].name.endswith("-paired") == paired
         assert launched[-1]["ctas"] == per_sm * 132
     assert len({tq.CTAS_PER_SM, tq.PAIRED_CTAS_PER_SM, tq.PAIRED_SWIGLU_CTAS_PER_SM}) == 3
+    # PAIRED_AHEAD 2: the configuration two blocks ahead on its own grid; SwiGLU's loads have no such form (its
+    # paired launch from above is taken again)
+    monkeypatch.setattr(tq, "PAIRED_AHEAD", 2)
+    tq.quantize_tokens(x, offs, None, 4096)
+    assert compiled[-1].name.endswith("-paired-ahead2") and launched[-1]["ctas"] == tq.PAIRED_AHEAD2_CTAS_PER_SM * 132
+    tq.quantize_tokens(x, offs, None, 4096, swiglu=swiglu)
+    assert len(compiled) == 5 and launched[-1]["ctas"] == tq.PAIRED_SWIGLU_CTAS_PER_SM * 132
+    assert tq.PAIRED_AHEAD2_CTAS_PER_SM != tq.PAIRED_CTAS_PER_SM
+
+
+def test_a_configuration_two_blocks_ahead_is_paired_and_quantizes_x_itself():
+    """TokenQuantizerConfig.ahead: 1, or 2 where the kernel loads x's blocks itself (paired, no activation)."""
+    from nvfp4_group_gemm import token_quantizer as tq
+    assert tq.TokenQuantizerConfig(paired=True, ahead=2).name == "quantize-tokens-bf16-paired-ahead2"
+    for bad in (dict(ahead=2), dict(paired=True, ahead=3), dict(paired=True, ahead=2, activation="halves")):
+        with pytest.raises(ValueError, match="ahead="):
+            tq.TokenQuantizerConfig(**bad)
 
 
 def fp32_thresholds(s):
