@@ -20,9 +20,10 @@ up to 128) into shared memory; a thread's first row's group is a binary search t
 search forward from the last (its blocks come in row order). Compiled once per token type, decode scale kind
 and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words per row).
 
-A paired configuration (`TokenQuantizerConfig.paired`, where `PAIRED` is set) does the same on 32-bit words of
-two tokens: the amax by bf16x2 / f16x2 maxes, the codes by packed compares against the thresholds rounded up to
-the tokens' type (`PAIR_CODE_PTX`), each block's loads issued one block ahead."""
+The kernel `quantize_tokens` launches is a paired configuration (`TokenQuantizerConfig.paired`, while `PAIRED`
+is set, the default): the same on 32-bit words of two tokens, the amax by bf16x2 / f16x2 maxes, the codes by
+packed compares against the thresholds rounded up to the tokens' type (`PAIR_CODE_PTX`), each block's loads
+issued one block ahead: the same bytes, faster (docs/moe.md). `PAIRED` False launches the value-by-value one."""
 import dataclasses
 import functools
 import struct
@@ -39,10 +40,7 @@ THREADS = 256  # per CTA
 CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
 # the same for a paired configuration, as many as fit an SM (47-48 registers a thread; with SwiGLU 53-55)
 PAIRED_CTAS_PER_SM, PAIRED_SWIGLU_CTAS_PER_SM = 5, 4
-PAIRED = False  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
-# how many blocks ahead a paired configuration without an activation loads (`TokenQuantizerConfig.ahead`), and
-# its grid at 2 (8 more registers a thread)
-PAIRED_AHEAD, PAIRED_AHEAD2_CTAS_PER_SM = 1, 4
+PAIRED = True  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
 K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
 NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
@@ -253,18 +251,13 @@ class TokenQuantizerConfig:
     activation: str = ""
     limit: bool = False
     paired: bool = False
-    ahead: int = 1  # blocks a thread's loads run ahead of its conversion (paired, no activation): 1 or 2
-
-    def __post_init__(self):
-        if self.ahead not in (1, 2) or (self.ahead == 2 and (not self.paired or self.activation)):
-            raise ValueError(f"ahead={self.ahead}: 1, or 2 for a paired configuration without an activation")
 
     @property
     def name(self) -> str:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
                 + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
-                + ("-paired" if self.paired else "") + (f"-ahead{self.ahead}" if self.ahead != 1 else ""))
+                + ("-paired" if self.paired else ""))
 
 
 class TokenQuantizer:
@@ -314,14 +307,9 @@ class TokenQuantizer:
         # paired, without an activation: each block's two loads are issued one block ahead (`ahead`), so that a
         # thread has a load in flight while it converts; the first before the groups are found (it needs none)
         ahead = cute.make_rmem_tensor((8,), cutlass.Uint32) if cutlass.const_expr(self.config.paired) else None
-        # at `ahead` 2 the block after that one's too: two blocks' loads in flight while one converts
-        later = cute.make_rmem_tensor((8,), cutlass.Uint32) if cutlass.const_expr(self.config.ahead == 2) else None
         if cutlass.const_expr(self.config.paired and not self.config.activation):
             if block * THREADS + tidx < tokens * (k // SF_VEC_SIZE):
                 cute.autovec_copy(token_words(x, block * THREADS + tidx), ahead)
-            if cutlass.const_expr(self.config.ahead == 2):
-                if (block + grid) * THREADS + tidx < tokens * (k // SF_VEC_SIZE):
-                    cute.autovec_copy(token_words(x, (block + grid) * THREADS + tidx), later)
         if tidx < 32:
             self.find_groups(offs, experts, tokens, ends, scale_rows)
         cute.arch.sync_threads()
@@ -349,13 +337,8 @@ class TokenQuantizer:
                     words = cute.make_rmem_tensor((8,), cutlass.Uint32)
                     if cutlass.const_expr(not self.config.activation):
                         words.store(ahead.load())
-                        if cutlass.const_expr(self.config.ahead == 2):
-                            ahead.store(later.load())
-                            if item + 2 * stride < token_blocks:
-                                cute.autovec_copy(token_words(x, item + 2 * stride), later)
-                        else:
-                            if item + stride < token_blocks:
-                                cute.autovec_copy(token_words(x, item + stride), ahead)
+                        if item + stride < token_blocks:
+                            cute.autovec_copy(token_words(x, item + stride), ahead)
                     else:
                         values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
                         pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
@@ -589,7 +572,7 @@ class QuantizerLaunch:
         self.launch()
 
 
-_launches = {}  # (dtype, scale kind, swiglu options, paired, ahead, device index, stream) -> its QuantizerLaunch
+_launches = {}  # (dtype, scale kind, swiglu options, paired, device index, stream) -> its QuantizerLaunch
 
 
 @functools.lru_cache(maxsize=None)
@@ -622,17 +605,10 @@ def f32_as_int32(value: float) -> int:
 
 
 def grid_per_sm(swiglu: bool) -> int:
-    """The grid's CTAs an SM at most, for the configurations `PAIRED` and `PAIRED_AHEAD` pick."""
+    """The grid's CTAs an SM at most, for the configurations `PAIRED` picks."""
     if not PAIRED:
         return CTAS_PER_SM
-    if swiglu:
-        return PAIRED_SWIGLU_CTAS_PER_SM
-    return PAIRED_AHEAD2_CTAS_PER_SM if PAIRED_AHEAD == 2 else PAIRED_CTAS_PER_SM
-
-
-def config_ahead(swiglu: bool) -> int:
-    """`TokenQuantizerConfig.ahead` of the configuration `PAIRED` and `PAIRED_AHEAD` pick."""
-    return PAIRED_AHEAD if PAIRED and not swiglu else 1
+    return PAIRED_SWIGLU_CTAS_PER_SM if swiglu else PAIRED_CTAS_PER_SM
 
 
 def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[torch.Tensor], rows: int,
@@ -650,13 +626,12 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     if work:
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
-        key = (x.dtype, kind, swiglu, PAIRED, config_ahead(swiglu is not None), index, stream)
+        key = (x.dtype, kind, swiglu, PAIRED, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None, paired=PAIRED,
-                                          ahead=config_ahead(swiglu is not None))
+                                          limit=limit is not None, paired=PAIRED)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (

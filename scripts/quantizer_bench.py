@@ -1,14 +1,13 @@
-"""The token quantizer's two configurations side by side, in one process: the value-by-value kernel (the
-default) and the paired one (`token_quantizer.PAIRED`), each checked to give the other's bytes, then each
+"""The token quantizer's two configurations side by side, in one process: the value-by-value kernel and the
+paired one (`token_quantizer.PAIRED`, the default), each checked to give the other's bytes, then each
 replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (bytes read and written over the
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--ahead2-ctas 3,4]
+                                      [--paired-ctas 4,5,6]
 
---paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`), --ahead2-ctas its
-form that loads two blocks ahead (`PAIRED_AHEAD` 2, `PAIRED_AHEAD2_CTAS_PER_SM`). Without a Hopper or B200 GPU
-it prints what it would move and exits."""
+--paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`). Without a Hopper
+or B200 GPU it prints what it would move and exits."""
 import argparse
 import sys
 from pathlib import Path
@@ -39,8 +38,6 @@ def main(argv=None) -> int:
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--paired-ctas", default="", help="comma-separated CTAs an SM for the paired kernel")
-    parser.add_argument("--ahead2-ctas", default="", help="comma-separated CTAs an SM for the paired kernel "
-                        "loading two blocks ahead")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
@@ -56,31 +53,24 @@ def main(argv=None) -> int:
     x = torch.randn(options.tokens, options.k, generator=generator).to(torch.bfloat16).cuda()
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
-    # (label, (the paired configuration's blocks ahead, its CTAs an SM), or None for the value-by-value one)
-    settings = [("value by value", None), ("paired", (tq.PAIRED_AHEAD, tq.grid_per_sm(False) if tq.PAIRED else
-                                                       tq.PAIRED_CTAS_PER_SM))]
-    settings += [(f"paired, {n} CTAs an SM", (1, int(n))) for n in options.paired_ctas.split(",") if n]
-    settings += [(f"paired, 2 blocks ahead, {n} CTAs an SM", (2, int(n))) for n in options.ahead2_ctas.split(",")
-                 if n]
+    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one)
+    settings = [("value by value", None), ("paired", tq.PAIRED_CTAS_PER_SM)]
+    settings += [(f"paired, {n} CTAs an SM", int(n)) for n in options.paired_ctas.split(",") if n]
 
-    def run(setting):
-        tq.PAIRED = setting is not None
+    def run(per_sm):
+        tq.PAIRED = per_sm is not None
         if tq.PAIRED:
-            tq.PAIRED_AHEAD = setting[0]
-            if setting[0] == 2:
-                tq.PAIRED_AHEAD2_CTAS_PER_SM = setting[1]
-            else:
-                tq.PAIRED_CTAS_PER_SM = setting[1]
+            tq.PAIRED_CTAS_PER_SM = per_sm
         return mlp.quantize_tokens_device(x, offs, scale)
     want = [t.view(torch.uint8) for t in run(None)]
     failed = False
-    for label, setting in settings[1:]:
-        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(setting), want))
+    for label, per_sm in settings[1:]:
+        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(per_sm), want))
         failed |= not same
         print(f"  {label}: {'the same bytes' if same else 'DIFFERENT BYTES'} as value by value")
     for round_ in range(options.rounds):
-        for label, setting in settings:
-            us = graph_us(lambda: run(setting))
+        for label, per_sm in settings:
+            us = graph_us(lambda: run(per_sm))
             share = f", {100 * moved / us * 1e6 / card.bytes_per_s:.1f} % of the {card.name}'s HBM" if card else ""
             print(f"  round {round_ + 1}, {label}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}", flush=True)
     return 1 if failed else 0

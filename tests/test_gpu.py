@@ -720,7 +720,7 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
     assert mlp_report.replays_follow_new_routings(experts, 4, 512, device, gpu=True)
 
 
-QUANTIZER_CONFIGURATIONS = {"value by value": (False, 1), "paired": (True, 1), "paired two ahead": (True, 2)}
+QUANTIZER_CONFIGURATIONS = {"value by value": False, "paired": True}  # token_quantizer.PAIRED
 
 
 @needs_hopper_or_b200
@@ -732,13 +732,11 @@ QUANTIZER_CONFIGURATIONS = {"value by value": (False, 1), "paired": (True, 1), "
 def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, configuration,
                                                                     monkeypatch):
     """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in each configuration
-    (token_quantizer.PAIRED, PAIRED_AHEAD): the same packed codes and the same blocked scale bytes (padding zero)
+    (token_quantizer.PAIRED): the same packed codes and the same blocked scale bytes (padding zero)
     as the torch composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of tiny values and
     on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    paired, ahead = QUANTIZER_CONFIGURATIONS[configuration]
-    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
-    monkeypatch.setattr(token_quantizer, "PAIRED_AHEAD", ahead)
+    monkeypatch.setattr(token_quantizer, "PAIRED", QUANTIZER_CONFIGURATIONS[configuration])
     gen = torch.Generator().manual_seed(len(sizes))
     tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
     x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
@@ -762,11 +760,9 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
 @pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 def test_the_token_quantizer_on_a_small_grid_takes_many_blocks_a_thread(configuration, monkeypatch):
     """The grid as on a GPU of one SM (a few CTAs), so that each thread quantizes many blocks in turn (its loads
-    one or two blocks ahead): the same bytes as the torch composition."""
+    a block ahead, in the paired configuration): the same bytes as the torch composition."""
     from nvfp4_group_gemm import mlp, submission, token_quantizer
-    paired, ahead = QUANTIZER_CONFIGURATIONS[configuration]
-    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
-    monkeypatch.setattr(token_quantizer, "PAIRED_AHEAD", ahead)
+    monkeypatch.setattr(token_quantizer, "PAIRED", QUANTIZER_CONFIGURATIONS[configuration])
     monkeypatch.setattr(submission, "sm_count", lambda index: 1)
     gen = torch.Generator().manual_seed(3)
     sizes = (700, 0, 333, 1024, 17)

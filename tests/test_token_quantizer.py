@@ -22,8 +22,6 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
-config = tq.TokenQuantizerConfig(paired=True, ahead=2)
-out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
 
@@ -43,32 +41,16 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
-    assert set(kernels) == names | {name + "-paired" for name in names} | {"quantize-tokens-bf16-paired-ahead2"}
+    assert set(kernels) == names | {name + "-paired" for name in names}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
         count = lambda pattern: len(re.findall(pattern, ptx))
         scaled, swiglu = "scales" in name, "swiglu" in name
-        if "-paired" in name:
+        if name.endswith("-paired"):
             check_paired_ptx(name, ptx, count, scaled, swiglu)
-            continue
-        # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
-        # reciprocal, rounded to the tokens' type
-        assert count(r"ld\.global\.v4\.(?:u32|b32)") == (4 if swiglu else 2), name
-        assert count(r"ex2\.approx\.ftz\.f32") == count(r"rcp\.rn\.f32") == (16 if swiglu else 0), name
-        assert count(r"cvt\.rn\.bf16\.f32") == (16 if swiglu else 0), name
-        # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
-        assert count(r"st\.global\.(?:v2\.(?:u32|b32)|b64)") == 1 and count(r"st\.global\.(?:u8|b8)") == 1, name
-        assert count(r"st\.global\.(?:u32|b32)\s") == 1, name  # a padding word
-        # the 16 values' codes from the block's seven step thresholds (fp64 products rounded up or down to fp32),
-        # three compares each; the division kept for a scale that is not positive and finite
-        assert count(r"cvt\.rp\.f32\.f64") == 3 and count(r"cvt\.rm\.f32\.f64") == 4, name
-        assert count(r"mul\.rn\.f64") == 7 and count(r"setp\.ge\.f32 [pqr], a, ") == 16 * 3, name
-        assert count(r"div\.rn\.f32") == 1 + scaled + 16, name
-        assert count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1 and count(r"cvt\.rn\.f16x2\.e4m3x2") == 1, name
-        assert count(r"cvt\.f32\.f16") == (1 + 16 if "fp16" in name else 1), name
-        assert count(r"bar\.sync") == 1 and count(r"shfl\.sync\.up") >= 5, name
-        assert not re.search(r"div\.(?:approx|full)\.f32", ptx), name
+        else:
+            check_value_by_value_ptx(name, ptx, count, scaled, swiglu)
         if ptxas is not None:
             try:
                 report = compile_gate.ptxas_report(ptx, arch, ptxas.path)
@@ -78,10 +60,30 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
                 name, report)
 
 
+def check_value_by_value_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> None:
+    """The value-by-value configuration's PTX: each value's amax, thresholds and codes in fp32."""
+    # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
+    # reciprocal, rounded to the tokens' type
+    assert count(r"ld\.global\.v4\.(?:u32|b32)") == (4 if swiglu else 2), name
+    assert count(r"ex2\.approx\.ftz\.f32") == count(r"rcp\.rn\.f32") == (16 if swiglu else 0), name
+    assert count(r"cvt\.rn\.bf16\.f32") == (16 if swiglu else 0), name
+    # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
+    assert count(r"st\.global\.(?:v2\.(?:u32|b32)|b64)") == 1 and count(r"st\.global\.(?:u8|b8)") == 1, name
+    assert count(r"st\.global\.(?:u32|b32)\s") == 1, name  # a padding word
+    # the 16 values' codes from the block's seven step thresholds (fp64 products rounded up or down to fp32),
+    # three compares each; the division kept for a scale that is not positive and finite
+    assert count(r"cvt\.rp\.f32\.f64") == 3 and count(r"cvt\.rm\.f32\.f64") == 4, name
+    assert count(r"mul\.rn\.f64") == 7 and count(r"setp\.ge\.f32 [pqr], a, ") == 16 * 3, name
+    assert count(r"div\.rn\.f32") == 1 + scaled + 16, name
+    assert count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1 and count(r"cvt\.rn\.f16x2\.e4m3x2") == 1, name
+    assert count(r"cvt\.f32\.f16") == (1 + 16 if "fp16" in name else 1), name
+    assert count(r"bar\.sync") == 1 and count(r"shfl\.sync\.up") >= 5, name
+    assert not re.search(r"div\.(?:approx|full)\.f32", ptx), name
+
+
 def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> None:
     """A paired configuration's PTX (TokenQuantizerConfig.paired): the next block's loads issued before this
-    one converts (two copies of the two 16-byte loads, three where `ahead` is 2: the first two blocks' before
-    the loop, the one two ahead in it; SwiGLU's four as before, its values packed two to a word
+    one converts (two copies of the two 16-byte loads; SwiGLU's four as before, its values packed two to a word
     of the tokens' type); amax by seven packed maxes of the 8 words; the seven step thresholds rounded up to the
     tokens' type (fp16: cvt.rp); 8 words' codes, three packed compares and four lop3 selects each; the division
     kept for a scale that is not positive and finite, as in the configuration that goes value by value."""
@@ -89,7 +91,7 @@ def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> 
     kind = "f16x2" if fp16 else "bf16x2"
     # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
     # reciprocal, rounded to the tokens' type and packed two to a word
-    assert count(r"ld\.global\.v4\.(?:u32|b32)") == (6 if name.endswith("-ahead2") else 4), name
+    assert count(r"ld\.global\.v4\.(?:u32|b32)") == 4, name
     assert count(r"ex2\.approx\.ftz\.f32") == count(r"rcp\.rn\.f32") == (16 if swiglu else 0), name
     assert count(r"cvt\.rn\.bf16\.f32") == count(r"cvt\.rn\.bf16x2\.f32") * 2 == (16 if swiglu else 0), name
     # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
@@ -172,10 +174,10 @@ def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound
 
 
 def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeypatch):
-    """token_quantizer.PAIRED picks paired configurations (TokenQuantizerConfig.paired, a kernel of their own,
-    "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most, PAIRED_SWIGLU_CTAS_PER_SM with
-    SwiGLU (as many as fit an SM: they hold more registers a thread than the default's kernels); the default
-    compiles the value-by-value configurations."""
+    """token_quantizer.PAIRED (the default) picks paired configurations (TokenQuantizerConfig.paired, a kernel
+    of their own, "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most,
+    PAIRED_SWIGLU_CTAS_PER_SM with SwiGLU (as many as fit an SM: they hold more registers a thread than the
+    value-by-value kernels); PAIRED False compiles the value-by-value configurations, on CTAS_PER_SM."""
     import torch
     from nvfp4_group_gemm import token_quantizer as tq
     compiled, launched = [], []
@@ -187,6 +189,7 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
 
         def bind(self, values, stream):
             return lambda: launched.append(dict(values))
+    assert tq.PAIRED  # the default: the same bytes, faster (docs/moe.md)
     stand_in_device(monkeypatch, Host)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)  # 1.8 M blocks: more than any grid's threads
     offs = torch.tensor([4096], dtype=torch.int32)
@@ -198,23 +201,6 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
         assert compiled[-1].paired == paired and compiled[-1].name.endswith("-paired") == paired
         assert launched[-1]["ctas"] == per_sm * 132
     assert len({tq.CTAS_PER_SM, tq.PAIRED_CTAS_PER_SM, tq.PAIRED_SWIGLU_CTAS_PER_SM}) == 3
-    # PAIRED_AHEAD 2: the configuration two blocks ahead on its own grid; SwiGLU's loads have no such form (its
-    # paired launch from above is taken again)
-    monkeypatch.setattr(tq, "PAIRED_AHEAD", 2)
-    tq.quantize_tokens(x, offs, None, 4096)
-    assert compiled[-1].name.endswith("-paired-ahead2") and launched[-1]["ctas"] == tq.PAIRED_AHEAD2_CTAS_PER_SM * 132
-    tq.quantize_tokens(x, offs, None, 4096, swiglu=swiglu)
-    assert len(compiled) == 5 and launched[-1]["ctas"] == tq.PAIRED_SWIGLU_CTAS_PER_SM * 132
-    assert tq.PAIRED_AHEAD2_CTAS_PER_SM != tq.PAIRED_CTAS_PER_SM
-
-
-def test_a_configuration_two_blocks_ahead_is_paired_and_quantizes_x_itself():
-    """TokenQuantizerConfig.ahead: 1, or 2 where the kernel loads x's blocks itself (paired, no activation)."""
-    from nvfp4_group_gemm import token_quantizer as tq
-    assert tq.TokenQuantizerConfig(paired=True, ahead=2).name == "quantize-tokens-bf16-paired-ahead2"
-    for bad in (dict(ahead=2), dict(paired=True, ahead=3), dict(paired=True, ahead=2, activation="halves")):
-        with pytest.raises(ValueError, match="ahead="):
-            tq.TokenQuantizerConfig(**bad)
 
 
 def fp32_thresholds(s):
