@@ -429,3 +429,27 @@ def test_random_cases_file_is_the_generators_output_and_every_case_is_valid():
         assert check_case(case) is None, line
         assert 1 <= case["g"] <= 8 and all(1 <= m <= 1024 for m in case["m"]), line
         assert max(case["n"]) <= 7168 and max(case["k"]) <= 7168, line
+
+
+def test_ncu_source_summary_sums_the_sampled_stalls_by_opcode(tmp_path):
+    """scripts/ncu_source_summary.py on a source view as ncu writes it (a line naming the kernel, the columns,
+    one row a SASS instruction): the samples summed by opcode with predicates dropped, their share, the
+    instructions executed, and the instruction with the most samples with its main stall reason first."""
+    rows = [("0x10", "LOP3.LUT R1, R2, 0xf, RZ, 0xc0, !PT", "30", "1,000", "0", "30"),
+            ("0x20", "@!P0  BRA 0x40", "50", "10", "50", "0"),
+            ("0x30", "@P1 LOP3.LUT R3, R1, R2, RZ, 0xfc, !PT", "10", "1,000", "5", "5"),
+            ("0x40", "HMUL2 R4, R3, R5", "0", "500", "0", "0")]
+    lines = ['"Kernel Name","kernel_x",',
+             '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb",'
+             '"stall_wait"']
+    lines += [",".join(f'"{v}"' for v in row) for row in rows]
+    path = tmp_path / "source.csv"
+    path.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, "scripts/ncu_source_summary.py", str(path), "--top", "3"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == "4 instructions, 90 samples"
+    assert re.match(r"\s+BRA\s+50\s+55\.6 %\s+executed 10$", out[2]), out
+    assert re.match(r"\s+LOP3\.LUT\s+40\s+44\.4 %\s+executed 2000$", out[3]), out
+    assert "BRA 0x40" in out[6] and re.search(r"long_sb=50$", out[6]), out
