@@ -453,3 +453,18 @@ def test_ncu_source_summary_sums_the_sampled_stalls_by_opcode(tmp_path):
     assert re.match(r"\s+BRA\s+50\s+55\.6 %\s+executed 10$", out[2]), out
     assert re.match(r"\s+LOP3\.LUT\s+40\s+44\.4 %\s+executed 2000$", out[3]), out
     assert "BRA 0x40" in out[6] and re.search(r"long_sb=50$", out[6]), out
+
+
+def test_sm_scaling_times_nothing_without_a_gpu_and_reads_nvidia_smis_samples():
+    """scripts/sm_scaling.py on a CPU: says there is nothing to time, exit 0; its reading of nvidia-smi's
+    "clock, power" lines (anything else is no sample)."""
+    done = subprocess.run([sys.executable, "scripts/sm_scaling.py", "0", "--sms", "66,132"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0 and "nothing to time" in done.stdout, done.stdout + done.stderr
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import sm_scaling
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert sm_scaling.parse_sample("1755, 612.34\n") == (1755.0, 612.34)
+    assert sm_scaling.parse_sample("[N/A], [N/A]") is None and sm_scaling.parse_sample("") is None
