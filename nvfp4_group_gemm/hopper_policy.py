@@ -155,8 +155,9 @@ def moe_forms(tokens: int, experts: int, n: int, k: int, num_sms: int) -> tuple:
     `set_moe_form`: to time each form on a workload), else `moe_choice`'s, and after it the default form where
     some routing's tiles, not every one's, fit the default form's grid in one wave (their rows multiples of 128,
     as routers that pad each expert's rows to a block, or give each the same capacity, make them): there the
-    default form's busiest CTA runs one 128 x 128 tile. With two, the device chooses from the routing (`MOE_TWO_FORM_RULES`: the default form
-    takes the calls that fit, the other the rest; the launch not taking a call ends after its wait)."""
+    default form's busiest CTA runs one 128 x 128 tile. With two, the device chooses from the routing
+    (`MOE_TWO_FORM_RULES`: the default form takes the calls that fit, the other the rest; the launch not taking a
+    call ends after its wait)."""
     setting = moe_form
     if setting:
         return (submission.parse_config(setting, SM90_MOE_CONFIGS, MOE_FORM_ENV),)

@@ -436,7 +436,7 @@ class TokenQuantizer:
             first = cutlass.Int32(0)
             if group > 0:
                 first = ends[group - 1]
-            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row, self.config.paired)
+            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
             scales[offset] = cutlass.Uint8(byte)
 
     @cute.jit
@@ -489,7 +489,7 @@ class TokenQuantizer:
                 first = ends[group - 1]
             tokens_in_block = ends[group] - first
         if row - scale_rows[group] >= tokens_in_block:
-            offset = blocked_offset(row, column, words_per_row * 4, self.config.paired)
+            offset = blocked_offset(row, column, words_per_row * 4)
             zero = cute.make_rmem_tensor((1,), cutlass.Uint32)
             zero[0] = cutlass.Uint32(0)
             cute.autovec_copy(zero, global_words(scales.iterator.toint() + offset, 1, 4))
@@ -535,15 +535,12 @@ def swiglu_value(gate, up, alpha, beta, limit, clamped: cutlass.Constexpr[bool],
 
 
 @cute.jit
-def blocked_offset(row, column, width, shifts: cutlass.Constexpr[bool] = False):
+def blocked_offset(row, column, width):
     """The byte of scale row `row`, column `column` in the 128x4-blocked layout `width` bytes a row
-    (`moe.scale_offsets`). Row and column are never negative: with `shifts`, shifts and masks compute it, without
-    signed division's corrections (a paired configuration's: 30 fewer instructions a block)."""
-    if cutlass.const_expr(shifts):
-        return (cutlass.Int64(row >> 7) * (BLOCK_ROWS * width) + (column >> 2) * 512 + (row & 31) * 16
-                + ((row >> 5) & 3) * 4 + (column & 3))
-    return (cutlass.Int64(row // BLOCK_ROWS) * (BLOCK_ROWS * width) + (column // 4) * 512 + (row % 32) * 16
-            + ((row % BLOCK_ROWS) // 32) * 4 + column % 4)
+    (`moe.scale_offsets`). Row and column are never negative, so shifts and masks compute it, without signed
+    division's corrections (30 fewer instructions a block)."""
+    return (cutlass.Int64(row >> 7) * (BLOCK_ROWS * width) + (column >> 2) * 512 + (row & 31) * 16
+            + ((row >> 5) & 3) * 4 + (column & 3))
 
 
 ARGUMENTS = submission.argument_spec(TokenQuantizer.__call__, POINTERS)

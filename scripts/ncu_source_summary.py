@@ -29,7 +29,8 @@ def read_rows(path) -> list:
 
 
 def number(text: str) -> int:
-    return int(float(text.replace(",", ""))) if text and text not in ("-", "") else 0
+    """A CSV cell's count: "1,584" -> 1584; empty or "-" -> 0."""
+    return int(float(text.replace(",", ""))) if text not in ("", "-") else 0
 
 
 def by_opcode(rows) -> list:

@@ -795,14 +795,14 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
                          ids=["silu", "gpt-oss", "negative-beta"])
 @pytest.mark.parametrize("layout,limit", [("halves", None), ("interleaved", None), ("interleaved", 7.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("paired", [False, True], ids=["value by value", "paired"])
-def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(paired, dtype, layout, limit, alpha, beta,
+@pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
+def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(configuration, dtype, layout, limit, alpha, beta,
                                                                  monkeypatch):
     """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h), in both configurations
     (token_quantizer.PAIRED): the same bytes as torch's ops on the GPU (mlp.swiglu, then the torch quantizer
     composition), per-expert decode scales, empty experts and rows past offs[-1]."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
+    monkeypatch.setattr(token_quantizer, "PAIRED", QUANTIZER_CONFIGURATIONS[configuration])
     gen = torch.Generator().manual_seed(5)
     sizes, inter = (0, 129, 0, 7, 160, 4), 192
     tokens = sum(sizes) + 3
