@@ -69,6 +69,10 @@ def run_ptx(ptx: str, operands: dict) -> dict:
             result = args[0] & args[1]
         elif op == "or.b32":
             result = args[0] | args[1]
+        elif op == "lop3.b32":  # bit i of the result: the table's bit at (a_i << 2 | b_i << 1 | c_i)
+            a, b, c, table = args
+            result = sum(((table >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i
+                         for i in range(32))
         elif op == "mul.rn.f16x2":
             halves = torch.tensor([[args[0] & 0xFFFF, args[0] >> 16], [args[1] & 0xFFFF, args[1] >> 16]],
                                   dtype=torch.int32).to(torch.int16).view(torch.float16)
@@ -85,7 +89,10 @@ def test_the_conversion_ptx_yields_each_pair_times_the_scale():
     as value * 2^-14 times the fp16 scale, exactly."""
     scale = 0x4C00  # fp16 16.0 in both halves
     scale2 = scale | scale << 16
-    for word in (0x76543210, 0xFEDCBA98, 0x19E2B7C4, 0x8F0F70F0):
+    # every nibble value at every place (each pair's masks drop the other nibbles' bits, whatever they are)
+    words = [0x76543210, 0xFEDCBA98, 0x19E2B7C4, 0x8F0F70F0, 0xFFFFFFFF]
+    words += [v << 4 * place ^ fill for v in range(16) for place in range(8) for fill in (0, 0xFFFFFFFF)]
+    for word in words:
         out = run_ptx(hopper.DEQUANT_WORD_PTX, {"$4": word, "$5": scale2})
         for j in range(4):
             got = out[f"${j}"]
