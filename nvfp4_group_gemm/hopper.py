@@ -373,20 +373,33 @@ check_sm90_warp_roles()
 # =============================================================================
 # Dequantization: E2M1 pairs and E4M3 scales to fp16 with inline PTX
 # =============================================================================
-def _pair_ptx(j: int, packed: str, scale: str, out: str) -> str:
-    """PTX for the fp16 pair (j, j + 4) of the eight E2M1 nibbles in `packed`,
-    times `scale`, into `out`: sign bits from the word shifted left by 12 - 4j,
-    magnitude bits from it shifted left by 9 - 4j (right by 3 for j = 3). Left
-    shifts can go to the multiply-add pipe, leaving two logic operations per
-    pair on the integer pipe, which the conversion otherwise fills first."""
-    sign = f"mov.b32 a, {packed};" if j == 3 else f"shl.b32 a, {packed}, {12 - 4 * j};"
-    magnitude = f"shr.b32 b, {packed}, 3;" if j == 3 else f"shl.b32 b, {packed}, {9 - 4 * j};"
-    return (f"{sign}\n\t{magnitude}\n\tand.b32 a, a, 0x80008000;\n\tand.b32 b, b, 0x0E000E00;\n\t"
-            f"or.b32 x, a, b;\n\tmul.rn.f16x2 {out}, x, {scale};\n\t")
+SELECT_LUT = 0xE4  # lop3's table for (a & c) | (b & ~c): bits of a where c has ones, of b elsewhere
+PAIR_MASK = "0x8E008E00"  # an fp16 pair's sign and E2M1 magnitude bits: 15, 11..9 and 31, 27..25
 
 
-PAIR_REGISTERS = "{\n\t.reg .b32 a, b, x;\n\t"
-DEQUANT_WORD_PTX = PAIR_REGISTERS + "".join(_pair_ptx(j, "$4", "$5", f"${j}") for j in range(4)) + "}"
+def _dequant_word_ptx() -> str:
+    """PTX for `dequant_word`: the fp16 pairs (j, j + 4) of the eight E2M1 nibbles of $4 (n_j at bits 4j..4j+3)
+    times the f16x2 scale $5, into $0..$3. A pair needs each nibble's magnitude bits 3 places below its sign
+    bit's place in the fp16 pattern (bits 9..11 and 15), where the word has them next to each other. So two
+    words are built first, each one select from the word and the word shifted left by 3:
+    e = the magnitudes of the even nibbles (each byte's bits 0..2) with their signs at bit 6, and f = the odd
+    nibbles' magnitudes (bits 4..6) with their signs at bit 10 (the next byte's bit 2). Then one left shift
+    and one mask make a pair: (0, 4) is e << 9, (2, 6) is e << 1, (1, 5) is f << 5; the bits a mask drops are
+    the other nibbles'. (3, 7) would need n_7's sign shifted past bit 31, so it keeps the two masks of the
+    word and the word shifted right by 3. Left shifts can go to the multiply-add pipe; the integer pipe,
+    which the conversion otherwise fills first, takes two selects and five masks a word."""
+    pair = lambda j, source, shift: (f"shl.b32 x, {source}, {shift};\n\tand.b32 x, x, {PAIR_MASK};\n\t"
+                                     f"mul.rn.f16x2 ${j}, x, $5;\n\t")
+    return ("{\n\t.reg .b32 s, e, f, a, b, x;\n\t"
+            "shl.b32 s, $4, 3;\n\t"
+            f"lop3.b32 e, $4, s, 0x07070707, {SELECT_LUT:#x};\n\t"
+            f"lop3.b32 f, $4, s, 0x70707070, {SELECT_LUT:#x};\n\t"
+            + pair(0, "e", 9) + pair(1, "f", 5) + pair(2, "e", 1)
+            + "shr.b32 b, $4, 3;\n\tand.b32 a, $4, 0x80008000;\n\tand.b32 b, b, 0x0E000E00;\n\t"
+            "or.b32 x, a, b;\n\tmul.rn.f16x2 $3, x, $5;\n\t}")
+
+
+DEQUANT_WORD_PTX = _dequant_word_ptx()
 
 
 @cute.jit
@@ -409,7 +422,7 @@ def scale_f16x2(scales: cutlass.Uint32, index: int) -> cutlass.Uint32:
 def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
     """Eight E2M1 values (one 32-bit word, K ascending from the low nibble)
     times the scale: four f16x2 words, K pairs (0,4), (1,5), (2,6), (3,7)
-    (`_pair_ptx`)."""
+    (`_dequant_word_ptx`)."""
     out = moe_tables.inline_ptx(llvm.StructType.get_literal([cutlass.Uint32.mlir_type] * 4), [packed, scale],
                                 DEQUANT_WORD_PTX, "=r,=r,=r,=r,r,r")
     return tuple(cutlass.Uint32(llvm.extractvalue(cutlass.Uint32.mlir_type, out, [i])) for i in range(4))
