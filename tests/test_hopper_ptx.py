@@ -336,14 +336,15 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     for what in ("skip-mma", "skip-epilogue"):
         for pattern in (r"wgmma\.mma_async", conversion, r"st\.shared\.b16", r"st\.global\.v4"):
             assert count(pattern, by_what[what]) == count(pattern, base) > 0, (what, pattern)
-    # skip-tokens: packed B's TMA loads only (the first stages', then the K loop's)
+    # skip-tokens: packed B's TMA loads only (the first stages', then the K loop's): 2 of the default form's 6
+    # load sites (a release may emit one site as several instructions: DSL 4.5.2 takes 4 each, 4.8.1 one)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
-    assert count(tma, by_what["skip-tokens"]) == 2 < count(tma, base)
-    # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier; the weights' conversion stays
+    assert 0 < 3 * count(tma, by_what["skip-tokens"]) == count(tma, base)
+    # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier (the kernel's one named-barrier
+    # arrive; DSL 4.5.2 names its id in a register, 4.8.1 as the constant); the weights' conversion stays
     skipped = by_what["skip-token-conversion"]
     for pattern in (r"\batom\.", r"\bred\.", r"ld\.acquire", r"st\.relaxed", r"fence\.proxy\.async\.global",
-                    r"fence\.proxy\.async;",
-                    rf"bar\.arrive\s+{hopper.WARP_ROLES.tokens_ready_barrier},"):
+                    r"fence\.proxy\.async;", r"bar\.arrive\s"):
         assert count(pattern, base) > 0 == count(pattern, skipped), pattern
     assert 0 < count(conversion, skipped) < count(conversion, base)
 
