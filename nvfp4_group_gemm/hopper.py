@@ -379,15 +379,15 @@ PAIR_MASK = "0x8E008E00"  # an fp16 pair's sign and E2M1 magnitude bits: 15, 11.
 
 def _dequant_word_ptx() -> str:
     """PTX for `dequant_word`: the fp16 pairs (j, j + 4) of the eight E2M1 nibbles of $4 (n_j at bits 4j..4j+3)
-    times the f16x2 scale $5, into $0..$3. A pair needs each nibble's magnitude bits 3 places below its sign
-    bit's place in the fp16 pattern (bits 9..11 and 15), where the word has them next to each other. So two
-    words are built first, each one select from the word and the word shifted left by 3:
+    times the f16x2 scale $5, into $0..$3. In the fp16 pattern a nibble's sign bit is 4 places above its top
+    magnitude bit (15 and 11..9), in the word 1 place (3 and 2..0). So two words are built first, each one
+    select from the word and the word shifted left by 3 (which moves each sign 3 places up):
     e = the magnitudes of the even nibbles (each byte's bits 0..2) with their signs at bit 6, and f = the odd
     nibbles' magnitudes (bits 4..6) with their signs at bit 10 (the next byte's bit 2). Then one left shift
     and one mask make a pair: (0, 4) is e << 9, (2, 6) is e << 1, (1, 5) is f << 5; the bits a mask drops are
     the other nibbles'. (3, 7) would need n_7's sign shifted past bit 31, so it keeps the two masks of the
     word and the word shifted right by 3. Left shifts can go to the multiply-add pipe; the integer pipe,
-    which the conversion otherwise fills first, takes two selects and five masks a word."""
+    which the conversion otherwise fills first, takes two selects, five masks and one right shift a word."""
     pair = lambda j, source, shift: (f"shl.b32 x, {source}, {shift};\n\tand.b32 x, x, {PAIR_MASK};\n\t"
                                      f"mul.rn.f16x2 ${j}, x, $5;\n\t")
     return ("{\n\t.reg .b32 s, e, f, a, b, x;\n\t"
