@@ -218,9 +218,9 @@ def test_each_token_width_has_its_own_mainloop(report):
         assert len(config.token_widths) <= hopper.MAX_TOKEN_WIDTHS
 
 
-def _kernel_ptx(configs, dump_dir) -> dict:
+def _kernel_ptx(configs, dump_dir, install: str = "installed") -> dict:
     """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
-    process (the DSL takes its target at first use), files kept in `dump_dir`."""
+    process (the DSL takes its target at first use) under DSL `install`, files kept in `dump_dir`."""
     script = ("import sys, json\nfrom nvfp4_group_gemm import compile_gate, hopper, submission\n"
               "configs = {c.name: c for c in hopper.SM90_DIAGNOSTICS + tuple(hopper.SM90_CONFIGS.values())}\n"
               "out = {}\n"
@@ -232,7 +232,7 @@ def _kernel_ptx(configs, dump_dir) -> dict:
               "print(json.dumps(out))\n")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *(c.name for c in configs)], cwd=ROOT,
                           capture_output=True, text=True, timeout=1800,
-                          env=dict(env_for("installed"), CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
+                          env=dict(env_for(install), CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
                                    CUTE_DSL_DUMP_DIR=str(dump_dir)))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -311,7 +311,8 @@ def test_each_moe_form_scales_each_group_by_its_alpha_and_rounds_once_to_its_typ
         assert offs_rounded_to_128(flow, offs), (name, "P_g: no group's rows rounded up to 128")
 
 
-def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
+@pytest.mark.parametrize("install", DSL_INSTALLS)
+def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path, install):
     """`eval.py sweep --diagnose` variants (timing only; each Diagnostic gives wrong results by design; the
     no-pdl form is exact): each is the default form with one part left out or moved, and its PTX shows it
     (no-pdl's part is a launch attribute)."""
@@ -319,7 +320,7 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path):
     assert all(dataclasses.replace(c, diagnostic=None, pdl=True) == hopper.SM90_CONFIG
                for c in hopper.SM90_DIAGNOSTICS)
     assert not any(c.diagnostic for c in hopper.SM90_CONFIGS.values())
-    ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS, tmp_path)
+    ptx = _kernel_ptx((hopper.SM90_CONFIG,) + hopper.SM90_DIAGNOSTICS, tmp_path, install)
     base = ptx.pop(hopper.SM90_CONFIG.name)
     count = lambda pattern, text: len(re.findall(pattern, text))
     by_what = {c.diagnostic.value if c.diagnostic else "no-pdl": ptx[c.name] for c in hopper.SM90_DIAGNOSTICS}
