@@ -1,7 +1,8 @@
 """Whether the Hopper kernel's speed is its SMs' own or something they share: custom_kernel on a benchmark with
-its persistent grid held to fewer SMs (`submission.sm_count` and `resident_clusters` stood in for, the plans
-made again), each time checked against the reference, timed as the leaderboard times (`peers.time_loop_us`),
-beside the SM clock and the board's power draw sampled by nvidia-smi during the timing.
+its persistent grid held to fewer SMs (`submission.sm_count` and `resident_clusters` stood in for; fresh inputs
+each time, so the launcher plans anew and drops the last count's plans with their inputs), each time checked
+against the reference, timed as the leaderboard times (`peers.time_loop_us`), beside the SM clock and the
+board's power draw sampled by nvidia-smi during the timing.
 
     python scripts/sm_scaling.py [BENCHMARK ...] [--sms 33,66,99,132]     # default: benchmarks 0 1
 
@@ -59,16 +60,6 @@ def parse_sample(line: str):
     return clock, power
 
 
-def forget_plans() -> None:
-    """Drop the Hopper launcher's plans (each made for the grid of its first call), so that the next call plans
-    for the SM count now stood in."""
-    from nvfp4_group_gemm import hopper_policy
-    launcher = hopper_policy._launcher
-    if launcher is not None:
-        for key in list(launcher.plans):
-            launcher.plans.pop(key).release()
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benchmarks", nargs="*", type=int, default=[0, 1])
@@ -91,11 +82,10 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: {device_sms} SMs")
     print(f"  {'case':>4} {'SMs':>4} {'us':>9} {'us x SMs / all':>15} {'SM MHz':>7} {'W':>6}")
     for index in options.benchmarks:
-        inputs = benchmark_inputs(cases[index].args)
         for n in counts:
             shared.sm_count = lambda device_index, n=n: n
             shared.resident_clusters = lambda device_index, size, n=n: max(1, n // size)
-            forget_plans()
+            inputs = benchmark_inputs(cases[index].args)
             ok, message = check_implementation(inputs[0], submission.custom_kernel(inputs[0]))
             if not ok:
                 failed = True

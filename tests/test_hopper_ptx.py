@@ -218,7 +218,7 @@ def test_each_token_width_has_its_own_mainloop(report):
         assert len(config.token_widths) <= hopper.MAX_TOKEN_WIDTHS
 
 
-def _kernel_ptx(configs, dump_dir, install: str = "installed") -> dict:
+def _kernel_ptx(configs, dump_dir, install: str) -> dict:
     """name -> PTX of each configuration's kernel, compiled for sm_90a in a fresh
     process (the DSL takes its target at first use) under DSL `install`, files kept in `dump_dir`."""
     script = ("import sys, json\nfrom nvfp4_group_gemm import compile_gate, hopper, submission\n"
