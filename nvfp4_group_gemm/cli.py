@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "leave a part out (hopper.Diagnostic: conversion, wgmma, ...; wrong results, timing only)")
     p.add_argument("--only", action="append", metavar="PART",
                    help="only configurations whose names contain PART (repeatable), e.g. --only wr")
+    p.add_argument("--candidates", action="store_true", help="also the Hopper forms not yet timed "
+                   "(hopper.SM90_CANDIDATES; custom_kernel's choice never takes one)")
     sub.add_parser("moe", help="the MoE op (grouped_mm_nvfp4) on the task's shape sets of one N and K as "
                    "stacked inputs: checked against the reference; on a GPU timed beside custom_kernel and "
                    "torch._grouped_mm")

@@ -290,13 +290,14 @@ def is_hopper_arch(arch: str) -> bool:
 
 def kernel_configs(arch: str) -> list:
     """The configurations compiled for `arch`: every B200 tile configuration,
-    or every configuration of the Hopper kernel, each round-robin and with
-    contiguous tile ranges (compiled in; the rest of a schedule is host side)."""
+    or every configuration of the Hopper kernel (its forms, the forms not yet
+    timed, the MoE op's), each round-robin and with contiguous tile ranges
+    (compiled in; the rest of a schedule is host side)."""
     from nvfp4_group_gemm import submission
     if is_hopper_arch(arch):
         from nvfp4_group_gemm import hopper
-        candidates = [c.with_schedule(s) for c in hopper.SM90_CONFIGS.values()
-                      for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
+        candidates = [c.with_schedule(s) for forms in (hopper.SM90_CONFIGS, hopper.SM90_CANDIDATES)
+                      for c in forms.values() for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
         candidates += [c.with_schedule(s) for c in hopper.SM90_MOE_CONFIGS.values()  # the MoE op's (moe.py)
                        for s in (submission.Schedule(), submission.Schedule(contiguous=True))]
         candidates += [dataclasses.replace(c, bf16_output=True) for c in hopper.SM90_MOE_CONFIGS.values()]

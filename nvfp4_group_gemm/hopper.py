@@ -207,6 +207,15 @@ SM90_CONFIGS = {c.tile_name: c for c in (
     Sm90TileConfig(32, WEIGHT_ROWS, tile_k=128, widths=(16,)),
     Sm90TileConfig(64, WEIGHT_ROWS, tile_k=128, widths=(16,)),
 )}
+# Forms not yet timed: CONFIG_ENV and `eval.py sweep --candidates` name them, `eval.py compile` compiles them;
+# custom_kernel's choice (hopper_policy.SM90_TILE_COST_NS) and the MoE op never take one. 256-token tiles: a group
+# of up to 256 tokens is one tile, so its weights are streamed and converted once where 128-token tiles convert
+# them twice, and a stage's conversion is half as much work per wgmma (128 accumulators a thread at width 256,
+# so 64 K a stage: two register buffers of 16 each)
+SM90_CANDIDATES = {c.tile_name: c for c in (
+    Sm90TileConfig(256, WEIGHT_ROWS, tile_k=64, widths=(64, 128)),
+    Sm90TileConfig(256, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2, widths=(128,)),
+)}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr-n16-64"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)

@@ -9,8 +9,8 @@ import os
 from typing import Optional
 
 from . import launch, moe_tables, submission
-from .hopper import (MOE_IN_ONE_WAVE, MOE_PAST_ONE_WAVE, SM90_CONFIG, SM90_CONFIGS, SM90_MOE_CONFIGS,
-                     SM90_MOE_DEFAULT, SM90_NO_PDL, Sm90TileConfig, ceil_div, narrow_last_tiles)
+from .hopper import (MOE_IN_ONE_WAVE, MOE_PAST_ONE_WAVE, SM90_CANDIDATES, SM90_CONFIG, SM90_CONFIGS,
+                     SM90_MOE_CONFIGS, SM90_MOE_DEFAULT, SM90_NO_PDL, Sm90TileConfig, ceil_div, narrow_last_tiles)
 
 
 PATH_HOPPER = "hopper-sm90"  # custom_kernel's label for this path (launch.code_path)
@@ -179,12 +179,14 @@ def config_from_setting(setting) -> Sm90TileConfig:
     """The configuration a CONFIG_ENV setting names (unset or empty: the default): a configuration's
     `tile_name`, optionally followed by "/" and a schedule (`submission.parse_config`, e.g.
     "sm90-128x128-k128-wr-n16-64/contiguous+balanced"), or "/SCHEDULE" alone for the default configuration under
-    that schedule. How custom_kernel uses it: `launcher_for_setting`."""
+    that schedule; a form of SM90_CANDIDATES likewise (to time it). How custom_kernel uses it:
+    `launcher_for_setting`."""
     if setting in (None, ""):
         return SM90_CONFIG
     if setting.startswith("/"):
         setting = SM90_CONFIG.tile_name + setting
-    return submission.parse_config(setting, {**SM90_CONFIGS, SM90_NO_PDL.tile_name: SM90_NO_PDL}, CONFIG_ENV)
+    return submission.parse_config(setting, {**SM90_CONFIGS, **SM90_CANDIDATES, SM90_NO_PDL.tile_name: SM90_NO_PDL},
+                                   CONFIG_ENV)
 
 
 def launcher_for_setting(setting) -> submission.GroupedGemmLauncher:

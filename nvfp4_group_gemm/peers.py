@@ -120,11 +120,13 @@ def print_peers(cases: list, rows: list) -> None:
               f"{tflops:>12.1f} {100 * tflops / peak:>6.1f}% {gmm / ours:>6.2f}x  {short_spec(sizes)}  [{path}]")
 
 
-def sweep_configs(only=None, diagnose: bool = False) -> list:
-    """hopper.py's configurations whose names contain any of the substrings in `only` (all when None), and with
-    `diagnose` each one's timing diagnostics (`hopper.diagnostics_of`) after them."""
+def sweep_configs(only=None, diagnose: bool = False, candidates: bool = False) -> list:
+    """hopper.py's configurations (with `candidates`, also the forms not yet timed: hopper.SM90_CANDIDATES) whose
+    names contain any of the substrings in `only` (all when None), and with `diagnose` each one's timing
+    diagnostics (`hopper.diagnostics_of`) after them."""
     from nvfp4_group_gemm import hopper
-    configs = [c for c in hopper.SM90_CONFIGS.values() if not only or any(part in c.tile_name for part in only)]
+    forms = {**hopper.SM90_CONFIGS, **(hopper.SM90_CANDIDATES if candidates else {})}
+    configs = [c for c in forms.values() if not only or any(part in c.tile_name for part in only)]
     return configs + ([d for c in configs for d in hopper.diagnostics_of(c)] if diagnose else [])
 
 
@@ -216,7 +218,7 @@ def command_sweep(options) -> int:
     from nvfp4_group_gemm import hopper
     from nvfp4_group_gemm.reference import generate_input
     cases = options.bench_cases
-    configs = sweep_configs(options.only, options.diagnose)
+    configs = sweep_configs(options.only, options.diagnose, options.candidates)
     if not configs:
         print(f"sweep: no configuration of hopper.py matches {options.only}")
         return 2

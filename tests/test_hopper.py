@@ -205,7 +205,7 @@ def test_a_token_tile_runs_the_narrowest_width_that_holds_its_rows():
     assert [widths[hopper.width_index(r, widths)] for r in (1, 16, 17, 64, 65, 128, 129, 1000)] == \
         [16, 16, 64, 64, 128, 128, 128, 128]
     assert hopper.width_index(5, (128,)) == 0
-    for config in hopper.SM90_CONFIGS.values():
+    for config in [*hopper.SM90_CONFIGS.values(), *hopper.SM90_CANDIDATES.values()]:
         assert config.token_widths[-1] == config.tile_m and list(config.token_widths) == sorted(config.token_widths)
         assert len(config.token_widths) <= hopper.MAX_TOKEN_WIDTHS
         assert config.narrow_tokens in (0, *config.token_widths)
@@ -250,9 +250,9 @@ def test_narrow_tiles_come_last_and_every_tile_once():
 
 
 def config_setting_names():
-    """The names CONFIG_ENV accepts (each must resolve; an unknown one raises): the forms and the exact no-pdl
-    one, never a Diagnostic (only the sweep reaches those)."""
-    names = set(hopper.SM90_CONFIGS) | {c.tile_name for c in hopper.SM90_DIAGNOSTICS}
+    """The names CONFIG_ENV accepts (each must resolve; an unknown one raises): the forms, the forms not yet
+    timed and the exact no-pdl one, never a Diagnostic (only the sweep reaches those)."""
+    names = set(hopper.SM90_CONFIGS) | set(hopper.SM90_CANDIDATES) | {c.tile_name for c in hopper.SM90_DIAGNOSTICS}
     accepted = set()
     for name in names:
         try:
@@ -306,7 +306,17 @@ def test_the_configuration_setting():
             == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"])
     assert hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair/round-robin") == hopper.SM90_CONFIGS[
         "sm90-192x256-k64-wr-pair"]
-    assert config_setting_names() == set(hopper.SM90_CONFIGS) | {hopper.SM90_NO_PDL.tile_name}
+    assert config_setting_names() == (set(hopper.SM90_CONFIGS) | set(hopper.SM90_CANDIDATES)
+                                      | {hopper.SM90_NO_PDL.tile_name})
+    # custom_kernel's choice and the MoE op's take only timed forms (the cost model prices no other)
+    assert not set(hopper.SM90_CANDIDATES) & (set(hopper.SM90_CONFIGS) | set(hopper_policy.SM90_TILE_COST_NS))
+    # a form not yet timed: by name, and under the shape's schedule as a timed form (`launcher_for_setting`)
+    candidate = next(iter(hopper.SM90_CANDIDATES))
+    assert hopper_policy.config_from_setting(candidate) == hopper.SM90_CANDIDATES[candidate]
+    bench0 = [(m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160)]
+    chosen = hopper_policy.launcher_for_setting(candidate).choose(bench0, 132)
+    assert chosen.tile_name == candidate and chosen.schedule == hopper_policy.sm90_schedule(
+        bench0, 132, hopper.SM90_CANDIDATES[candidate])
     with pytest.raises(ValueError, match="NVFP4_SM90_CONFIG 'k99': expected one of sm90-"):
         hopper_policy.config_from_setting("k99")
 
@@ -323,6 +333,10 @@ def test_the_register_budget_counts_warps_per_scheduler():
 
 def test_sweep_picks_configurations_by_name():
     assert peers.sweep_configs() == list(hopper.SM90_CONFIGS.values())
+    # --candidates: the forms not yet timed after the timed ones, selected by name as they are
+    assert peers.sweep_configs(candidates=True) == [*hopper.SM90_CONFIGS.values(), *hopper.SM90_CANDIDATES.values()]
+    assert [c.tile_name for c in peers.sweep_configs(["256x"], candidates=True)] == list(hopper.SM90_CANDIDATES)
+    assert peers.sweep_configs(["256x"]) == []
     assert peers.sweep_configs(["128x128"]) == [hopper.SM90_CONFIG]
     assert [c.tile_name for c in peers.sweep_configs(["x256-k64"])] == ["sm90-192x256-k64-wr-pair"]
     with_diagnostics = peers.sweep_configs(["k128-wr"], diagnose=True)

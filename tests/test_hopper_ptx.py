@@ -16,7 +16,7 @@ from nvfp4_group_gemm import compile_gate
 hopper = pytest.importorskip("nvfp4_group_gemm.hopper")
 hopper_policy = pytest.importorskip("nvfp4_group_gemm.hopper_policy")
 # the kernels the Hopper compile gate compiles
-SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_MOE_CONFIGS,
+SM90_FORMS = {**hopper.SM90_CONFIGS, **hopper.SM90_CANDIDATES, **hopper.SM90_MOE_CONFIGS,
               **{f"{name}-bf16": dataclasses.replace(c, bf16_output=True)
                  for name, c in hopper.SM90_MOE_CONFIGS.items()}}
 
@@ -45,8 +45,9 @@ def report(request, tmp_path_factory):
 def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
     # each configuration round-robin and with contiguous tile ranges (sm90_schedule picks either), then the MoE
     # op's forms likewise (moe_choice): one kernel each, no builder
-    assert [k["config"] for k in report["kernels"]] == [n for forms in (hopper.SM90_CONFIGS, hopper.SM90_MOE_CONFIGS)
-                                                        for name in forms for n in (name, f"{name}/contiguous")] + [
+    assert [k["config"] for k in report["kernels"]] == [
+        n for forms in (hopper.SM90_CONFIGS, hopper.SM90_CANDIDATES, hopper.SM90_MOE_CONFIGS)
+        for name in forms for n in (name, f"{name}/contiguous")] + [
         f"{name}-bf16" for name in hopper.SM90_MOE_CONFIGS]
     for kernel in report["kernels"]:
         config = SM90_FORMS[kernel["config"].split("/")[0]]
@@ -80,10 +81,10 @@ def test_compiles_for_sm90a_without_spills_and_serves_every_task_shape(report):
     assert {p["kernel"] for p in plans} <= {k["config"] for k in report["kernels"]}
 
 
-@pytest.mark.parametrize("name", list(hopper.SM90_CONFIGS))
+@pytest.mark.parametrize("name", [*hopper.SM90_CONFIGS, *hopper.SM90_CANDIDATES])
 def test_ptx_has_the_designed_instructions(report, name):
     (kernel,) = [k for k in report["kernels"] if k["config"] == name]
-    config = hopper.SM90_CONFIGS[name]
+    config = SM90_FORMS[name]
     with open(kernel["ptx_file"]) as f:
         ptx = f.read()
     features = kernel["ptx_features"]
