@@ -32,6 +32,7 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 import torch
+from cutlass._mlir.dialects import llvm
 
 from . import moe, moe_tables, submission
 from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
@@ -41,6 +42,12 @@ CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
 # the same for a paired configuration, as many as fit an SM (47-48 registers a thread; with SwiGLU 53-55)
 PAIRED_CTAS_PER_SM, PAIRED_SWIGLU_CTAS_PER_SM = 5, 4
 PAIRED = True  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
+# Not yet timed, so 0 (none): quantize_tokens' paired configurations without an activation prefetch into the L2 the
+# block a thread takes this many grid strides after the one it loads ahead (TokenQuantizerConfig.l2_ahead;
+# scripts/quantizer_bench.py --l2-ahead), on as many CTAs an SM as fit (56-57 registers a thread with the
+# prefetch, ptxas of CUDA 13, sm_90a: 4)
+L2_AHEAD = 0
+L2_AHEAD_CTAS_PER_SM = 4
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
 K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
 NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
@@ -245,19 +252,28 @@ class TokenQuantizerConfig:
     """What a compiled quantizer is specific to: the tokens' type, the decode scale's kind, whether it
     quantizes x itself or SwiGLU of x (`activation`: gate and up in halves or interleaved; `limit`: clamped),
     and `paired`: a block's amax and codes two values at a time, on words of the tokens' type (`quantize_block`),
-    its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32."""
+    its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32.
+    `l2_ahead` > 0 (paired, without an activation): each thread also prefetches into the L2 the block it will
+    quantize that many grid strides after the one its loads a block ahead fetch (one prefetch a block, no register
+    held for it), so that more of x's bytes are on their way from HBM than those loads keep in flight."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
     limit: bool = False
     paired: bool = False
+    l2_ahead: int = 0
+
+    def __post_init__(self):
+        if self.l2_ahead and (self.activation or not self.paired):
+            raise ValueError(f"{self.name}: the L2 prefetch is for the paired configuration of x's own blocks (no "
+                             "activation)")
 
     @property
     def name(self) -> str:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
                 + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
-                + ("-paired" if self.paired else ""))
+                + ("-paired" if self.paired else "") + (f"-l2ahead{self.l2_ahead}" if self.l2_ahead else ""))
 
 
 class TokenQuantizer:
@@ -339,6 +355,9 @@ class TokenQuantizer:
                         words.store(ahead.load())
                         if item + stride < token_blocks:
                             cute.autovec_copy(token_words(x, item + stride), ahead)
+                        if cutlass.const_expr(self.config.l2_ahead):
+                            later = item + (self.config.l2_ahead + 1) * stride
+                            prefetch_l2(x.iterator.toint() + cutlass.Int64(later) * 32, later < token_blocks)
                     else:
                         values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
                         pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
@@ -509,6 +528,14 @@ def word_values(words, fp16: bool) -> list:
     return values
 
 
+def prefetch_l2(address, valid) -> None:
+    """prefetch.global.L2 where `valid`: the line holding `address` on its way into the L2 (nothing waits for it,
+    nothing is ordered by it; kept where it is written). Predicated in the instruction, not branched around."""
+    llvm.inline_asm(None, [cutlass.Int64(address).ir_value(), cutlass.Int32(valid).ir_value()],
+                    "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $1, 0;\n\t@p prefetch.global.L2 [$0];\n\t}", "l,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 def token_words(x, item):
     """Block `item`'s 8 words of x (32 bytes: two 16-byte loads)."""
     return global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16)
@@ -569,7 +596,8 @@ class QuantizerLaunch:
         self.launch()
 
 
-_launches = {}  # (dtype, scale kind, swiglu options, paired, device index, stream) -> its QuantizerLaunch
+# (dtype, scale kind, swiglu options, paired, L2 prefetch, device index, stream) -> its QuantizerLaunch
+_launches = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -601,8 +629,10 @@ def f32_as_int32(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
-def grid_per_sm(swiglu: bool) -> int:
-    """The grid's CTAs an SM at most, for the configurations `PAIRED` picks."""
+def grid_per_sm(swiglu: bool, l2_ahead: int = 0) -> int:
+    """The grid's CTAs an SM at most, for the configurations `PAIRED` and `L2_AHEAD` pick."""
+    if l2_ahead:
+        return L2_AHEAD_CTAS_PER_SM
     if not PAIRED:
         return CTAS_PER_SM
     return PAIRED_SWIGLU_CTAS_PER_SM if swiglu else PAIRED_CTAS_PER_SM
@@ -623,12 +653,13 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     if work:
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
-        key = (x.dtype, kind, swiglu, PAIRED, index, stream)
+        l2_ahead = L2_AHEAD if PAIRED and not swiglu else 0
+        key = (x.dtype, kind, swiglu, PAIRED, l2_ahead, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None, paired=PAIRED)
+                                          limit=limit is not None, paired=PAIRED, l2_ahead=l2_ahead)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (
@@ -640,7 +671,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         # alpha_bits, beta_bits, limit_bits
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows,
-                  min(-(-work // THREADS), grid_per_sm(swiglu is not None) * submission.sm_count(index))
+                  min(-(-work // THREADS), grid_per_sm(swiglu is not None, l2_ahead) * submission.sm_count(index))
                   ) + entry.options
         if index == torch.cuda.current_device():
             entry(values)

@@ -4,10 +4,11 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6]
+                                      [--paired-ctas 4,5,6] [--l2-ahead 1,2]
 
---paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`). Without a Hopper
-or B200 GPU it prints what it would move and exits."""
+--paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --l2-ahead the
+paired kernel that prefetches each thread's block that many grid strides ahead into the L2 (`L2_AHEAD`, on
+`L2_AHEAD_CTAS_PER_SM`). Without a Hopper or B200 GPU it prints what it would move and exits."""
 import argparse
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--paired-ctas", default="", help="comma-separated CTAs an SM for the paired kernel")
+    parser.add_argument("--l2-ahead", default="", help="comma-separated L2 prefetch distances (grid strides) for "
+                        "the paired kernel")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
@@ -53,24 +56,26 @@ def main(argv=None) -> int:
     x = torch.randn(options.tokens, options.k, generator=generator).to(torch.bfloat16).cuda()
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
-    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one)
-    settings = [("value by value", None), ("paired", tq.PAIRED_CTAS_PER_SM)]
-    settings += [(f"paired, {n} CTAs an SM", int(n)) for n in options.paired_ctas.split(",") if n]
+    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; its L2 prefetch distance)
+    settings = [("value by value", None, 0), ("paired", tq.PAIRED_CTAS_PER_SM, 0)]
+    settings += [(f"paired, {n} CTAs an SM", int(n), 0) for n in options.paired_ctas.split(",") if n]
+    settings += [(f"paired, L2 prefetch {a} strides ahead, {tq.L2_AHEAD_CTAS_PER_SM} CTAs an SM",
+                  tq.PAIRED_CTAS_PER_SM, int(a)) for a in options.l2_ahead.split(",") if a]
 
-    def run(per_sm):
-        tq.PAIRED = per_sm is not None
+    def run(per_sm, l2_ahead):
+        tq.PAIRED, tq.L2_AHEAD = per_sm is not None, l2_ahead
         if tq.PAIRED:
             tq.PAIRED_CTAS_PER_SM = per_sm
         return mlp.quantize_tokens_device(x, offs, scale)
-    want = [t.view(torch.uint8) for t in run(None)]
+    want = [t.view(torch.uint8) for t in run(None, 0)]
     failed = False
-    for label, per_sm in settings[1:]:
-        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(per_sm), want))
+    for label, per_sm, l2_ahead in settings[1:]:
+        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(per_sm, l2_ahead), want))
         failed |= not same
         print(f"  {label}: {'the same bytes' if same else 'DIFFERENT BYTES'} as value by value")
     for round_ in range(options.rounds):
-        for label, per_sm in settings:
-            us = graph_us(lambda: run(per_sm))
+        for label, per_sm, l2_ahead in settings:
+            us = graph_us(lambda: run(per_sm, l2_ahead))
             share = f", {100 * moved / us * 1e6 / card.bytes_per_s:.1f} % of the {card.name}'s HBM" if card else ""
             print(f"  round {round_ + 1}, {label}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}", flush=True)
     return 1 if failed else 0

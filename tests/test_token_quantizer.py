@@ -22,6 +22,8 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
+config = tq.TokenQuantizerConfig(paired=True, l2_ahead=2)  # the L2 prefetch, not yet timed
+out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
 
@@ -41,13 +43,15 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
-    assert set(kernels) == names | {name + "-paired" for name in names}
+    assert set(kernels) == names | {name + "-paired" for name in names} | {"quantize-tokens-bf16-paired-l2ahead2"}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
         count = lambda pattern: len(re.findall(pattern, ptx))
         scaled, swiglu = "scales" in name, "swiglu" in name
-        if name.endswith("-paired"):
+        # only a configuration with the L2 prefetch has one: predicated, a block the thread takes later
+        assert count(r"@%?p\w* prefetch\.global\.L2 \[") == count(r"prefetch") == ("l2ahead" in name), name
+        if "-paired" in name:
             check_paired_ptx(name, ptx, count, scaled, swiglu)
         else:
             check_value_by_value_ptx(name, ptx, count, scaled, swiglu)
@@ -201,6 +205,23 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
         assert compiled[-1].paired == paired and compiled[-1].name.endswith("-paired") == paired
         assert launched[-1]["ctas"] == per_sm * 132
     assert len({tq.CTAS_PER_SM, tq.PAIRED_CTAS_PER_SM, tq.PAIRED_SWIGLU_CTAS_PER_SM}) == 3
+    assert tq.L2_AHEAD == 0 and all(c.l2_ahead == 0 for c in compiled)  # not yet timed: off
+    # L2_AHEAD: x's own blocks prefetched, a kernel of its own on its grid; SwiGLU's configurations as they were
+    monkeypatch.setattr(tq, "L2_AHEAD", 2)
+    tq.quantize_tokens(x, offs, None, 4096)
+    assert compiled[-1] == tq.TokenQuantizerConfig(paired=True, l2_ahead=2)
+    assert compiled[-1].name == "quantize-tokens-bf16-paired-l2ahead2"
+    assert launched[-1]["ctas"] == tq.L2_AHEAD_CTAS_PER_SM * 132
+    count = len(compiled)
+    tq.quantize_tokens(x, offs, None, 4096, swiglu=swiglu)  # the launch it had before L2_AHEAD was set
+    assert len(compiled) == count and launched[-1]["ctas"] == tq.PAIRED_SWIGLU_CTAS_PER_SM * 132
+    for config in (dict(activation="halves", paired=True), dict(paired=False)):
+        with pytest.raises(ValueError, match="the paired configuration of x's own blocks"):
+            tq.TokenQuantizerConfig(l2_ahead=1, **config)
+    monkeypatch.setattr(tq, "PAIRED", False)  # the value-by-value kernel has no prefetch: the launch it had
+    count = len(compiled)
+    tq.quantize_tokens(x, offs, None, 4096)
+    assert len(compiled) == count and launched[-1]["ctas"] == tq.CTAS_PER_SM * 132
 
 
 def fp32_thresholds(s):
