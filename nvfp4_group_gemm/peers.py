@@ -5,7 +5,7 @@ import itertools
 
 from nvfp4_group_gemm.casefile import TESTS_FILE, TestCase, problem_sizes_of, read_test_file
 from nvfp4_group_gemm.harness import benchmark_inputs, clone_data, code_path, flush_l2, load_submission
-from nvfp4_group_gemm.measure import describe_error, flops_of, geometric_mean, short_spec
+from nvfp4_group_gemm.measure import card_of, describe_error, floor_us, flops_of, geometric_mean, short_spec
 
 
 # =============================================================================
@@ -78,10 +78,28 @@ def grouped_mm_on_bf16(inputs: list):
     return pre_dequantized
 
 
+PEERS_HEADER = (f"  {'#':>2} {'ours':>9} {'grouped_mm':>11} {'deq+gmm':>9} {'portable':>9} "
+                f"{'ours TFLOP/s':>12} {'% peak':>7} {'% floor':>8} {'vs gmm':>7}  shape")
+
+
+def peers_row(index: int, times: tuple, sizes, peak_tflops: float, card, path: str) -> str:
+    """One benchmark's line of `print_peers`: `times` (ours, grouped_mm, dequantize-then-grouped_mm, portable;
+    us), our TFLOP/s and its share of the measured bf16 peak, and our share of the shape set's floor on `card`
+    (`measure.floor_us`: its real FLOPs at the card's fp16 dense rate or its operand and output bytes at its HBM
+    bandwidth, whichever takes longer; "-" for a card with no floor known)."""
+    ours, gmm, deq, portable_us = times
+    tflops = flops_of(sizes) / (ours * 1e-6) / 1e12
+    floor = f"{100 * floor_us(sizes, card) / ours:>7.1f}%" if card else f"{'-':>8}"
+    return (f"  {index:>2} {ours:>9.2f} {gmm:>11.2f} {deq:>9.2f} {portable_us:>9.2f} "
+            f"{tflops:>12.1f} {100 * tflops / peak_tflops:>6.1f}% {floor} {gmm / ours:>6.2f}x  {short_spec(sizes)}"
+            f"  [{path}]")
+
+
 def print_peers(cases: list, rows: list) -> None:
     """Per benchmark: this submission's path, torch._grouped_mm on operands
     already in bf16, dequantize-then-_grouped_mm, and the portable path, all
-    timed the same way in this run; TFLOP/s and % of the measured bf16 peak."""
+    timed the same way in this run; TFLOP/s, % of the measured bf16 peak and %
+    of the shape set's floor on this card (`peers_row`)."""
     import torch
     from nvfp4_group_gemm import portable
     submission = load_submission()
@@ -90,10 +108,12 @@ def print_peers(cases: list, rows: list) -> None:
         return
     peak = measured_bf16_peak_tflops()
     path = code_path(torch.device("cuda"))
+    card = card_of(torch.cuda.get_device_name())
+    floor = (f"floor: FLOPs at {card.flops_per_s / 1e12:.0f} TFLOP/s or bytes at {card.bytes_per_s / 1e12:.2f} "
+             f"TB/s" if card else "no floor known for this card")
     print(f"\nPeers on {torch.cuda.get_device_name()} (mean us per call, leaderboard loop, "
-          f"{PEER_SAMPLES} samples; bf16 dense peak measured now: {peak:.0f} TFLOP/s):")
-    print(f"  {'#':>2} {'ours':>9} {'grouped_mm':>11} {'deq+gmm':>9} {'portable':>9} "
-          f"{'ours TFLOP/s':>12} {'% peak':>7} {'vs gmm':>7}  shape")
+          f"{PEER_SAMPLES} samples; bf16 dense peak measured now: {peak:.0f} TFLOP/s; {floor}):")
+    print(PEERS_HEADER)
     for case, row in zip(cases, (r for r in rows if r["kind"] == "benchmark")):
         sizes = problem_sizes_of(case.args)
         if len({(n, k) for _, n, k, _ in sizes}) > 1:  # its B is one (G, K, N) tensor
@@ -101,7 +121,6 @@ def print_peers(cases: list, rows: list) -> None:
                   f"  {short_spec(sizes)}")
             continue
         inputs = benchmark_inputs(case.args)
-        flops = flops_of(sizes)
         ours = row["stats"].mean / 1e3 if row["ok"] else float("nan")
         pre_dequantized = grouped_mm_on_bf16(inputs)
 
@@ -115,9 +134,7 @@ def print_peers(cases: list, rows: list) -> None:
             print(f"  {row['index']:>2} torch._grouped_mm refused: {str(error)[:200]}")
             continue
         portable_us = time_loop_us(portable.run_portable, inputs, samples=5)
-        tflops = flops / (ours * 1e-6) / 1e12
-        print(f"  {row['index']:>2} {ours:>9.2f} {gmm:>11.2f} {deq:>9.2f} {portable_us:>9.2f} "
-              f"{tflops:>12.1f} {100 * tflops / peak:>6.1f}% {gmm / ours:>6.2f}x  {short_spec(sizes)}  [{path}]")
+        print(peers_row(row["index"], (ours, gmm, deq, portable_us), sizes, peak, card, path))
 
 
 def sweep_configs(only=None, diagnose: bool = False, candidates: bool = False) -> list:

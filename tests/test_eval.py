@@ -313,3 +313,23 @@ def test_the_benchmark_table_gives_each_shapes_share_of_the_cards_floor(capsys, 
     assert f"{floor:.2f}" in line and " 50.0%" in line
     cli.print_report(rows, "b200-tcgen05", measure.card_of("NVIDIA B200"))  # the B200: % SOL alone
     assert "% floor" not in capsys.readouterr().out
+
+
+def test_the_peers_table_gives_each_benchmarks_share_of_its_floor():
+    """eval.py benchmarks' peer line on a Hopper GPU: our time's share of the shape set's floor on the card, here
+    benchmark 0 on an H100, where the floor is its FLOPs (2 x 1,024 x 4,096 x 7,168) at 989 TFLOP/s (its bytes
+    take less at 3.35 TB/s); a card with no floor known gets a dash."""
+    from nvfp4_group_gemm import measure
+    sizes = [(m, 4096, 7168, 1) for m in (80, 176, 128, 72, 64, 248, 96, 160)]
+    flops_floor_us = 2 * 1024 * 4096 * 7168 / 989e12 * 1e6
+    assert measure.dram_bytes_of(sizes) / 3.35e12 * 1e6 < flops_floor_us
+    line = peers.peers_row(0, (126.29, 216.36, 400.0, 9000.0), sizes, 794.0, measure.card_of("NVIDIA H100 80GB HBM3"),
+                           "hopper-sm90")
+    assert line.split() == ["0", "126.29", "216.36", "400.00", "9000.00",
+                            f"{2 * 1024 * 4096 * 7168 / 126.29e-6 / 1e12:.1f}",
+                            f"{100 * 2 * 1024 * 4096 * 7168 / 126.29e-6 / 794e12:.1f}%",
+                            f"{100 * flops_floor_us / 126.29:.1f}%", "1.71x", *line.split()[9:]]
+    assert f"{100 * flops_floor_us / 126.29:.1f}" == "48.1"
+    share = f"{100 * flops_floor_us / 126.29:.1f}%"  # under its header's column
+    assert peers.PEERS_HEADER.index("% floor") + len("% floor") == line.index(share) + len(share)
+    assert peers.peers_row(0, (126.29, 216.36, 400.0, 9000.0), sizes, 794.0, None, "x").split()[7] == "-"
