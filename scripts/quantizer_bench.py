@@ -32,15 +32,27 @@ def routing(tokens: int, experts: int, generator):
     return counts.cumsum(0).to(torch.int32)
 
 
+def positive_ints(text: str) -> list:
+    """A comma-separated list of positive integers (argparse's type: a bad one is refused before anything runs)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = None
+    if values is None or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas, e.g. 4,6")
+    return values
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--k", type=int, default=7168)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--paired-ctas", default="", help="comma-separated CTAs an SM for the paired kernel")
-    parser.add_argument("--l2-ahead", default="", help="comma-separated L2 prefetch distances (grid strides) for "
-                        "the paired kernel")
+    parser.add_argument("--paired-ctas", type=positive_ints, default=[],
+                        help="comma-separated CTAs an SM for the paired kernel")
+    parser.add_argument("--l2-ahead", type=positive_ints, default=[],
+                        help="comma-separated L2 prefetch distances (grid strides) for the paired kernel")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
@@ -58,9 +70,9 @@ def main(argv=None) -> int:
     scale = torch.tensor([0.37], device="cuda")
     # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; its L2 prefetch distance)
     settings = [("value by value", None, 0), ("paired", tq.PAIRED_CTAS_PER_SM, 0)]
-    settings += [(f"paired, {n} CTAs an SM", int(n), 0) for n in options.paired_ctas.split(",") if n]
+    settings += [(f"paired, {n} CTAs an SM", n, 0) for n in options.paired_ctas]
     settings += [(f"paired, L2 prefetch {a} strides ahead, {tq.L2_AHEAD_CTAS_PER_SM} CTAs an SM",
-                  tq.PAIRED_CTAS_PER_SM, int(a)) for a in options.l2_ahead.split(",") if a]
+                  tq.PAIRED_CTAS_PER_SM, a) for a in options.l2_ahead]
 
     def run(per_sm, l2_ahead):
         tq.PAIRED, tq.L2_AHEAD = per_sm is not None, l2_ahead

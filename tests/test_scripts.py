@@ -397,6 +397,14 @@ def test_quantizer_bench_says_what_it_moves_and_times_nothing_without_a_gpu():
     offs = quantizer_bench.routing(1000, 8, torch.Generator().manual_seed(1))
     counts = torch.diff(offs, prepend=torch.zeros(1, dtype=offs.dtype))
     assert int(offs[-1]) == 1000 and int(counts[4]) == 0 and bool((counts >= 0).all())
+    # its lists of settings: positive integers, a bad one refused before anything runs (exit 2, named)
+    assert quantizer_bench.positive_ints("4,6") == [4, 6] and quantizer_bench.positive_ints("") == []
+    for option, bad in (("--l2-ahead", "x"), ("--paired-ctas", "0")):
+        refused = subprocess.run([sys.executable, "scripts/quantizer_bench.py", option, bad], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2 and f"argument {option}: {bad!r}: expected positive integers" in (
+            refused.stderr), refused.stderr
+        assert "MB read and written" not in refused.stdout
 
 
 def test_m_sweep_names_each_point_slower_than_a_larger_m_of_its_shape():
