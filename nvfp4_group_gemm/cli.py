@@ -302,6 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def comma_ints(minimum: int):
+    """An argparse type for a comma-separated list of integers of at least `minimum` ("4,6" -> [4, 6]; "" -> []):
+    a bad value is refused by argparse, the option named, before anything runs."""
+    def parse(text: str) -> list:
+        try:
+            values = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            values = None
+        if values is None or any(v < minimum for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected integers of at least {minimum} separated by "
+                                             f"commas, e.g. {minimum},{minimum + 2}")
+        return values
+    return parse
+
+
 def edit_distance(a: str, b: str) -> int:
     """Insertions, deletions, substitutions and swaps of neighbours ("tsets" is one from "tests")."""
     rows = [list(range(len(b) + 1))] + [[i] + [0] * len(b) for i in range(1, len(a) + 1)]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nvfp4_group_gemm.cli import comma_ints  # noqa: E402
+
 SHAPES = ((4096, 7168), (7168, 2048))  # (N, K): a DeepSeek-V3 expert's gate_up and down GEMMs
 M_VALUES = (1, 16, 64, 128, 192, 256, 384, 512, 1024)
 
@@ -38,7 +40,7 @@ def slower_than_larger(times: dict) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", default=",".join(map(str, M_VALUES)), help="tokens per group, comma-separated")
+    parser.add_argument("--m", type=comma_ints(1), default=list(M_VALUES), help="tokens per group, comma-separated")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--card", default=None, help="the card whose floor is printed (default: this GPU's, "
                                                      "or H100 without one)")
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     card = measure.card_of(name)
     if card is None:
         parser.error(f"--card {name}: no floor known (known: {', '.join(c.name for c in measure.CARDS)})")
-    ms = [int(m) for m in options.m.split(",")]
+    ms = options.m
     g = options.groups
     print(f"G = {g} groups of M tokens; floor on the {card.name}: FLOPs at {card.flops_per_s / 1e12:.0f} TFLOP/s "
           f"or bytes at {card.bytes_per_s / 1e12:.2f} TB/s" + ("" if gpu else " (no GPU: floors only)"))

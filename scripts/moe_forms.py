@@ -16,6 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nvfp4_group_gemm.cli import comma_ints  # noqa: E402
+
 COPIES = 8  # distinct inputs per timed loop, as the leaderboard's calls each read their own data
 AS_LAUNCHED = "the op (moe_forms)"
 
@@ -39,14 +41,15 @@ def main(argv=None) -> int:
     for name in ("T", "E", "N", "K"):
         parser.add_argument(name, type=int)
     parser.add_argument("--routings", type=int, default=4, help="sampled routings to run (default 4)")
-    parser.add_argument("--sizes", help="one more routing: the experts' rows, comma-separated (E of them)")
+    parser.add_argument("--sizes", type=comma_ints(0),
+                        help="one more routing: the experts' rows, comma-separated (E of them)")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import hopper, hopper_policy, moe, submission
     tokens, experts, n, k = options.T, options.E, options.N, options.K
     routings = hopper_policy.moe_routings(tokens, experts)[:options.routings]
     if options.sizes:
-        sizes = [int(m) for m in options.sizes.split(",")]
+        sizes = options.sizes
         if len(sizes) != experts or sum(sizes) != tokens:
             parser.error(f"--sizes: {len(sizes)} experts of {sum(sizes)} rows, expected {experts} of {tokens}")
         routings.append(sizes)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nvfp4_group_gemm.cli import comma_ints  # noqa: E402
+
 
 def moved_bytes(tokens: int, k: int, experts: int) -> int:
     """x read (bf16), the codes and the whole scale buffer written."""
@@ -32,26 +34,15 @@ def routing(tokens: int, experts: int, generator):
     return counts.cumsum(0).to(torch.int32)
 
 
-def positive_ints(text: str) -> list:
-    """A comma-separated list of positive integers (argparse's type: a bad one is refused before anything runs)."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        values = None
-    if values is None or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas, e.g. 4,6")
-    return values
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--k", type=int, default=7168)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--paired-ctas", type=positive_ints, default=[],
+    parser.add_argument("--paired-ctas", type=comma_ints(1), default=[],
                         help="comma-separated CTAs an SM for the paired kernel")
-    parser.add_argument("--l2-ahead", type=positive_ints, default=[],
+    parser.add_argument("--l2-ahead", type=comma_ints(1), default=[],
                         help="comma-separated L2 prefetch distances (grid strides) for the paired kernel")
     options = parser.parse_args(argv)
     import torch

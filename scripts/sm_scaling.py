@@ -18,6 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nvfp4_group_gemm.cli import comma_ints  # noqa: E402
+
 
 class Sampler:
     """nvidia-smi's SM clock (MHz) and power draw (W) every 50 ms while in use (`with`); means in `clock`, `power`
@@ -63,7 +65,8 @@ def parse_sample(line: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benchmarks", nargs="*", type=int, default=[0, 1])
-    parser.add_argument("--sms", default="33,66,99,132", help="grid sizes (SMs), comma-separated")
+    parser.add_argument("--sms", type=comma_ints(1), default=[33, 66, 99, 132],
+                        help="grid sizes (SMs), comma-separated")
     options = parser.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
     from nvfp4_group_gemm.reference import check_implementation
     submission = load_submission()
     device_sms = shared.sm_count(torch.cuda.current_device())
-    counts = sorted({min(int(n), device_sms) for n in options.sms.split(",") if n})
+    counts = sorted({min(n, device_sms) for n in options.sms})
     cases = read_test_file(BENCHMARKS_FILE)
     failed = False
     print(f"{torch.cuda.get_device_name()}: {device_sms} SMs")

@@ -3,6 +3,7 @@
 Its steps pipe into tee; a failure recorded inside the pipeline's subshell used
 to be lost, so the script passed whatever happened. Checked here on the CPU with
 a stand-in nvidia-smi, the one step that needs no GPU to run."""
+import argparse
 import os
 import re
 import subprocess
@@ -398,13 +399,34 @@ def test_quantizer_bench_says_what_it_moves_and_times_nothing_without_a_gpu():
     counts = torch.diff(offs, prepend=torch.zeros(1, dtype=offs.dtype))
     assert int(offs[-1]) == 1000 and int(counts[4]) == 0 and bool((counts >= 0).all())
     # its lists of settings: positive integers, a bad one refused before anything runs (exit 2, named)
-    assert quantizer_bench.positive_ints("4,6") == [4, 6] and quantizer_bench.positive_ints("") == []
     for option, bad in (("--l2-ahead", "x"), ("--paired-ctas", "0")):
         refused = subprocess.run([sys.executable, "scripts/quantizer_bench.py", option, bad], cwd=ROOT,
                                  capture_output=True, text=True, timeout=300)
-        assert refused.returncode == 2 and f"argument {option}: {bad!r}: expected positive integers" in (
+        assert refused.returncode == 2 and f"argument {option}: {bad!r}: expected integers of at least 1" in (
             refused.stderr), refused.stderr
         assert "MB read and written" not in refused.stdout
+
+
+def test_comma_ints_reads_a_list_and_refuses_what_is_not_one():
+    from nvfp4_group_gemm.cli import comma_ints
+    assert comma_ints(1)("4,6") == [4, 6] and comma_ints(1)("") == [] and comma_ints(0)("0, 3,") == [0, 3]
+    for minimum, bad in ((1, "0"), (0, "-1"), (1, "4,x"), (1, "1.5")):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"expected integers of at least {minimum}"):
+            comma_ints(minimum)(bad)
+
+
+@pytest.mark.parametrize("script, option, bad", [("m_sweep.py", "--m", "16,x"), ("sm_scaling.py", "--sms", "0"),
+                                                 ("moe_forms.py", "--sizes", "128,-1"),
+                                                 ("quantizer_bench.py", "--l2-ahead", "2.5")])
+def test_each_scripts_list_option_refuses_a_bad_value_before_anything_runs(script, option, bad):
+    """The scripts' comma-separated options go through cli.comma_ints: a bad value is argparse's one-line error
+    naming the option (exit 2), with nothing printed before it, not a traceback after the GPU work began."""
+    positional = ["512", "2", "4096", "1536"] if script == "moe_forms.py" else []
+    refused = subprocess.run([sys.executable, f"scripts/{script}", *positional, option, bad], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert refused.returncode == 2 and f"argument {option}: {bad!r}: expected integers" in refused.stderr, (
+        refused.stderr)
+    assert refused.stdout == "" and "Traceback" not in refused.stderr
 
 
 def test_m_sweep_names_each_point_slower_than_a_larger_m_of_its_shape():
