@@ -48,6 +48,13 @@ PAIRED = True  # whether `quantize_tokens` compiles paired configurations (Token
 # prefetch, ptxas of CUDA 13, sm_90a: 4)
 L2_AHEAD = 0
 L2_AHEAD_CTAS_PER_SM = 4
+# Not yet timed, so False: quantize_tokens' paired configurations of one decode scale (or none) read a block's
+# thresholds from a table in shared memory instead of computing them (TokenQuantizerConfig.threshold_table;
+# scripts/quantizer_bench.py --table)
+THRESHOLD_TABLE = False
+TABLE_CTAS_PER_SM = 4  # as many as fit: 59 registers a thread with one decode scale (ptxas of CUDA 13, sm_90a)
+TABLE_BYTES = 128  # the E4M3 bytes a block's scale can be: positive (0x08, 2^-6, to 0x7E, 448)
+TABLE_WORDS = 8  # an entry: the seven paired thresholds and a word of padding (32 bytes, two 16-byte loads)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
 K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
 NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
@@ -191,6 +198,24 @@ def words_amax(magnitudes: list, fp16: cutlass.Constexpr[bool]) -> cutlass.Float
 
 
 @cute.jit
+def fill_threshold_table(table, byte, decode: cutlass.Float32, fp16: cutlass.Constexpr[bool]) -> None:
+    """Entry `byte` of the threshold table: the paired thresholds (`paired_thresholds`) of a block whose scale
+    byte it is, with the kernel's decode scale (1 without one); whatever they come to where that block scale is
+    not positive and finite (never read: such a block's codes are computed by division)."""
+    words = paired_thresholds(step_thresholds(e4m3_value(byte) * decode), fp16)
+    for i in cutlass.range_constexpr(len(E2M1_STEPS)):
+        table[byte * TABLE_WORDS + i] = words[i]
+
+
+def table_entry(table, byte):
+    """The threshold table's entry for scale byte `byte` (< TABLE_BYTES: a clamped scale's): its 8 words, two
+    16-byte loads."""
+    address = table.iterator.toint() + byte * (TABLE_WORDS * 4)
+    return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, cute.AddressSpace.smem, assumed_align=32),
+                            cute.make_layout(TABLE_WORDS))
+
+
+@cute.jit
 def pack_pair_codes(codes, words, paired: list, fp16: cutlass.Constexpr[bool]) -> None:
     """The 16 codes of a block's 8 words into the two words of `codes` (value i at bits 4 (i % 8) of word
     i // 8): each word's two codes (`pair_codes`) as one byte, four bytes gathered by prmt."""
@@ -255,25 +280,33 @@ class TokenQuantizerConfig:
     its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32.
     `l2_ahead` > 0 (paired, without an activation): each thread also prefetches into the L2 the block it will
     quantize that many grid strides after the one its loads a block ahead fetch (one prefetch a block, no register
-    held for it), so that more of x's bytes are on their way from HBM than those loads keep in flight."""
+    held for it), so that more of x's bytes are on their way from HBM than those loads keep in flight.
+    `threshold_table` (paired, one decode scale or none): a block's seven paired thresholds are a function of its
+    scale byte alone, so each CTA computes them once for every byte into shared memory (`fill_threshold_table`)
+    and a block reads its entry (two 16-byte loads) where it computed them (about 40 instructions)."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
     limit: bool = False
     paired: bool = False
     l2_ahead: int = 0
+    threshold_table: bool = False
 
     def __post_init__(self):
         if self.l2_ahead and (self.activation or not self.paired):
             raise ValueError(f"{self.name}: the L2 prefetch is for the paired configuration of x's own blocks (no "
                              "activation)")
+        if self.threshold_table and (not self.paired or self.scale_kind == PER_EXPERT):
+            raise ValueError(f"{self.name}: the threshold table is for paired configurations of one decode scale "
+                             "or none (a block's thresholds then follow from its scale byte alone)")
 
     @property
     def name(self) -> str:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
                 + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
-                + ("-paired" if self.paired else "") + (f"-l2ahead{self.l2_ahead}" if self.l2_ahead else ""))
+                + ("-paired" if self.paired else "") + (f"-l2ahead{self.l2_ahead}" if self.l2_ahead else "")
+                + ("-table" if self.threshold_table else ""))
 
 
 class TokenQuantizer:
@@ -297,7 +330,14 @@ class TokenQuantizer:
             ends: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
             scale_rows: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class SharedStorageWithTable:
+            ends: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
+            scale_rows: cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]
+            thresholds: cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, TABLE_BYTES * TABLE_WORDS], 32]
+
+        self.shared_storage = SharedStorageWithTable if cutlass.const_expr(self.config.threshold_table) else \
+            SharedStorage
         x = cute.make_tensor(ptr_x, cute.make_layout(tokens * (k if cutlass.const_expr(self.config.activation)
                                                              else k // 2)))
         offs = cute.make_tensor(ptr_offs, cute.make_layout(experts))
@@ -306,7 +346,7 @@ class TokenQuantizer:
         global_scale = cute.make_tensor(ptr_global, cute.make_layout(experts))
         swiglu = (alpha_bits, beta_bits, limit_bits)
         self.kernel(x, offs, packed, scales, global_scale, tokens, k, experts, rows, swiglu).launch(
-            grid=(ctas, 1, 1), block=(THREADS, 1, 1), smem=SharedStorage.size_in_bytes(), stream=stream)
+            grid=(ctas, 1, 1), block=(THREADS, 1, 1), smem=self.shared_storage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, offs: cute.Tensor, packed: cute.Tensor, scales: cute.Tensor,
@@ -326,6 +366,14 @@ class TokenQuantizer:
         if cutlass.const_expr(self.config.paired and not self.config.activation):
             if block * THREADS + tidx < tokens * (k // SF_VEC_SIZE):
                 cute.autovec_copy(token_words(x, block * THREADS + tidx), ahead)
+        decode = cutlass.Float32(1.0)  # a paired configuration's one decode scale, read once
+        table = None
+        if cutlass.const_expr(self.config.threshold_table):
+            if cutlass.const_expr(self.config.scale_kind == ONE_SCALE):
+                decode = global_scale[0]
+            table = storage.thresholds.get_tensor(cute.make_layout(TABLE_BYTES * TABLE_WORDS))
+            if tidx >= THREADS - TABLE_BYTES:  # the warps that do not find the groups
+                fill_threshold_table(table, tidx - (THREADS - TABLE_BYTES), decode, self.config.fp16)
         if tidx < 32:
             self.find_groups(offs, experts, tokens, ends, scale_rows)
         cute.arch.sync_threads()
@@ -342,8 +390,8 @@ class TokenQuantizer:
         step_rows = stride // blocks_per_row
         step_columns = stride - step_rows * blocks_per_row
         group = self.group_of(ends, experts, row)
-        decode = cutlass.Float32(1.0)
-        if cutlass.const_expr(self.config.paired and self.config.scale_kind == ONE_SCALE):
+        if cutlass.const_expr(self.config.paired and self.config.scale_kind == ONE_SCALE
+                              and not self.config.threshold_table):
             decode = global_scale[0]
         for item in cutlass.range(first, work, stride, unroll=1):
             if item < token_blocks:
@@ -366,7 +414,7 @@ class TokenQuantizer:
                 else:
                     words = None
                 self.quantize_block(x, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row,
-                                    column, group, blocks_per_row, swiglu, words)
+                                    column, group, blocks_per_row, swiglu, words, table)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
             row += step_rows
@@ -408,11 +456,12 @@ class TokenQuantizer:
 
     @cute.jit
     def quantize_block(self, x, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row, column,
-                       group, blocks_per_row, swiglu, words):
+                       group, blocks_per_row, swiglu, words, table):
         """16 values of x (or of SwiGLU of x: `block_values`), block `item` (row `row`, column `column`, in
         group `group`: E for a row past offs[-1]): their scale (to its blocked place, for a row of a group) and
         their codes. A paired configuration has them as `words`, 8 words of the tokens' type (its amax and codes
-        two values at a time), and its one decode scale in `decode`, read before the loop."""
+        two values at a time), and its one decode scale in `decode`, read before the loop; with a threshold
+        table (shared memory, `fill_threshold_table`), its thresholds from there."""
         fp16 = self.config.fp16
         if cutlass.const_expr(self.config.paired):
             amax = words_amax([magnitude(words[i]) for i in range(8)], fp16)
@@ -440,10 +489,14 @@ class TokenQuantizer:
             block_scale = block_scale * decode
         codes = cute.make_rmem_tensor((2,), cutlass.Uint32)
         if positive_finite(block_scale) != 0:  # every block but one of a decode scale <= 0, inf or NaN
-            thresholds = step_thresholds(block_scale)
-            if cutlass.const_expr(self.config.paired):
-                pack_pair_codes(codes, words, paired_thresholds(thresholds, fp16), fp16)
+            if cutlass.const_expr(self.config.threshold_table):
+                entry = cute.make_rmem_tensor((TABLE_WORDS,), cutlass.Uint32)
+                cute.autovec_copy(table_entry(table, byte), entry)
+                pack_pair_codes(codes, words, [entry[i] for i in range(len(E2M1_STEPS))], fp16)
+            elif cutlass.const_expr(self.config.paired):
+                pack_pair_codes(codes, words, paired_thresholds(step_thresholds(block_scale), fp16), fp16)
             else:
+                thresholds = step_thresholds(block_scale)
                 pack_codes(codes, values, lambda v: e2m1_code_by_thresholds(v, thresholds))
         else:  # fp32's division itself, whatever it makes of such a scale
             if cutlass.const_expr(self.config.paired):
@@ -629,8 +682,10 @@ def f32_as_int32(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
-def grid_per_sm(swiglu: bool, l2_ahead: int = 0) -> int:
-    """The grid's CTAs an SM at most, for the configurations `PAIRED` and `L2_AHEAD` pick."""
+def grid_per_sm(swiglu: bool, l2_ahead: int = 0, table: bool = False) -> int:
+    """The grid's CTAs an SM at most, for the configurations `PAIRED`, `L2_AHEAD` and `THRESHOLD_TABLE` pick."""
+    if table:
+        return TABLE_CTAS_PER_SM
     if l2_ahead:
         return L2_AHEAD_CTAS_PER_SM
     if not PAIRED:
@@ -654,12 +709,14 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
         l2_ahead = L2_AHEAD if PAIRED and not swiglu else 0
-        key = (x.dtype, kind, swiglu, PAIRED, l2_ahead, index, stream)
+        table = THRESHOLD_TABLE and PAIRED and kind != PER_EXPERT
+        key = (x.dtype, kind, swiglu, PAIRED, l2_ahead, table, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None, paired=PAIRED, l2_ahead=l2_ahead)
+                                          limit=limit is not None, paired=PAIRED, l2_ahead=l2_ahead,
+                                          threshold_table=table)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (
@@ -669,10 +726,9 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
             global_scale is not None) else None
         # ARGUMENTS' order: ptr_x, ptr_offs, ptr_packed, ptr_scales, ptr_global, tokens, k, experts, rows, ctas,
         # alpha_bits, beta_bits, limit_bits
+        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, l2_ahead, table) * submission.sm_count(index))
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
-                  scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows,
-                  min(-(-work // THREADS), grid_per_sm(swiglu is not None, l2_ahead) * submission.sm_count(index))
-                  ) + entry.options
+                  scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows, ctas) + entry.options
         if index == torch.cuda.current_device():
             entry(values)
         else:

@@ -4,11 +4,13 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--l2-ahead 1,2]
+                                      [--paired-ctas 4,5,6] [--l2-ahead 1,2] [--table]
 
 --paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --l2-ahead the
 paired kernel that prefetches each thread's block that many grid strides ahead into the L2 (`L2_AHEAD`, on
-`L2_AHEAD_CTAS_PER_SM`). Without a Hopper or B200 GPU it prints what it would move and exits."""
+`L2_AHEAD_CTAS_PER_SM`); --table the paired kernel reading its thresholds from a table in shared memory
+(`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`). The decode scale is one value (0.37). Without a Hopper or B200
+GPU it prints what it would move and exits."""
 import argparse
 import sys
 from pathlib import Path
@@ -44,6 +46,7 @@ def main(argv=None) -> int:
                         help="comma-separated CTAs an SM for the paired kernel")
     parser.add_argument("--l2-ahead", type=comma_ints(1), default=[],
                         help="comma-separated L2 prefetch distances (grid strides) for the paired kernel")
+    parser.add_argument("--table", action="store_true", help="also the paired kernel with a threshold table")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
@@ -59,26 +62,30 @@ def main(argv=None) -> int:
     x = torch.randn(options.tokens, options.k, generator=generator).to(torch.bfloat16).cuda()
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
-    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; its L2 prefetch distance)
-    settings = [("value by value", None, 0), ("paired", tq.PAIRED_CTAS_PER_SM, 0)]
-    settings += [(f"paired, {n} CTAs an SM", n, 0) for n in options.paired_ctas]
+    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; its L2 prefetch
+    # distance; whether it reads a threshold table)
+    settings = [("value by value", None, 0, False), ("paired", tq.PAIRED_CTAS_PER_SM, 0, False)]
+    settings += [(f"paired, {n} CTAs an SM", n, 0, False) for n in options.paired_ctas]
     settings += [(f"paired, L2 prefetch {a} strides ahead, {tq.L2_AHEAD_CTAS_PER_SM} CTAs an SM",
-                  tq.PAIRED_CTAS_PER_SM, a) for a in options.l2_ahead]
+                  tq.PAIRED_CTAS_PER_SM, a, False) for a in options.l2_ahead]
+    if options.table:
+        settings.append((f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM", tq.PAIRED_CTAS_PER_SM, 0,
+                         True))
 
-    def run(per_sm, l2_ahead):
-        tq.PAIRED, tq.L2_AHEAD = per_sm is not None, l2_ahead
+    def run(per_sm, l2_ahead, table):
+        tq.PAIRED, tq.L2_AHEAD, tq.THRESHOLD_TABLE = per_sm is not None, l2_ahead, table
         if tq.PAIRED:
             tq.PAIRED_CTAS_PER_SM = per_sm
         return mlp.quantize_tokens_device(x, offs, scale)
-    want = [t.view(torch.uint8) for t in run(None, 0)]
+    want = [t.view(torch.uint8) for t in run(None, 0, False)]
     failed = False
-    for label, per_sm, l2_ahead in settings[1:]:
-        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(per_sm, l2_ahead), want))
+    for label, *setting in settings[1:]:
+        same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(*setting), want))
         failed |= not same
         print(f"  {label}: {'the same bytes' if same else 'DIFFERENT BYTES'} as value by value")
     for round_ in range(options.rounds):
-        for label, per_sm, l2_ahead in settings:
-            us = graph_us(lambda: run(per_sm, l2_ahead))
+        for label, *setting in settings:
+            us = graph_us(lambda: run(*setting))
             share = f", {100 * moved / us * 1e6 / card.bytes_per_s:.1f} % of the {card.name}'s HBM" if card else ""
             print(f"  round {round_ + 1}, {label}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}", flush=True)
     return 1 if failed else 0

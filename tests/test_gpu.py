@@ -720,9 +720,12 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
     assert mlp_report.replays_follow_new_routings(experts, 4, 512, device, gpu=True)
 
 
-QUANTIZER_CONFIGURATIONS = {"value by value": False, "paired": True}  # token_quantizer.PAIRED
-# token_quantizer.PAIRED and L2_AHEAD: the configurations without an activation
-TOKEN_QUANTIZER_CONFIGURATIONS = {"value by value": (False, 0), "paired": (True, 0), "paired, L2 prefetch": (True, 2)}
+# token_quantizer.PAIRED and THRESHOLD_TABLE (which takes one decode scale or none)
+QUANTIZER_CONFIGURATIONS = {"value by value": (False, False), "paired": (True, False),
+                            "paired, threshold table": (True, True)}
+# token_quantizer.PAIRED, L2_AHEAD and THRESHOLD_TABLE: the configurations without an activation
+TOKEN_QUANTIZER_CONFIGURATIONS = {"value by value": (False, 0, False), "paired": (True, 0, False),
+                                  "paired, L2 prefetch": (True, 2, False), "paired, threshold table": (True, 0, True)}
 
 
 @needs_hopper_or_b200
@@ -734,13 +737,14 @@ TOKEN_QUANTIZER_CONFIGURATIONS = {"value by value": (False, 0), "paired": (True,
 def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, configuration,
                                                                     monkeypatch):
     """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in each configuration
-    (token_quantizer.PAIRED, L2_AHEAD): the same packed codes and the same blocked scale bytes (padding zero)
-    as the torch composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of tiny values and
-    on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
+    (token_quantizer.PAIRED, L2_AHEAD, THRESHOLD_TABLE): the same packed codes and the same blocked scale bytes
+    (padding zero) as the torch composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of
+    tiny values and on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    paired, l2_ahead = TOKEN_QUANTIZER_CONFIGURATIONS[configuration]
+    paired, l2_ahead, table = TOKEN_QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "L2_AHEAD", l2_ahead)
+    monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
     gen = torch.Generator().manual_seed(len(sizes))
     tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
     x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
@@ -765,17 +769,18 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
 def test_the_token_quantizer_on_a_small_grid_takes_many_blocks_a_thread(configuration, monkeypatch):
     """The grid as on a GPU of one SM (a few CTAs), so that each thread quantizes many blocks in turn (its loads
     a block ahead, in the paired configuration; blocks two strides ahead prefetched, and past the last block
-    not): the same bytes as the torch composition."""
+    not): the same bytes as the torch composition (per-expert decode scales; one with the threshold table)."""
     from nvfp4_group_gemm import mlp, submission, token_quantizer
-    paired, l2_ahead = TOKEN_QUANTIZER_CONFIGURATIONS[configuration]
+    paired, l2_ahead, table = TOKEN_QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "L2_AHEAD", l2_ahead)
+    monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
     monkeypatch.setattr(submission, "sm_count", lambda index: 1)
     gen = torch.Generator().manual_seed(3)
     sizes = (700, 0, 333, 1024, 17)
     x = (torch.randn(sum(sizes) + 5, 512, generator=gen) * 3).to(torch.bfloat16)
     offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
-    scale = torch.rand(len(sizes), generator=gen) + 0.1
+    scale = torch.rand(1 if table else len(sizes), generator=gen) + 0.1
     packed, blocked = mlp.quantize_tokens_device(x.cuda(), offs.cuda(), scale.cuda())
     want_packed, want_blocked = mlp.quantize_tokens_torch(x, offs, scale, mlp.worst_case_scale_rows(x.shape[0], 5))
     assert torch.equal(packed.cpu(), want_packed)
@@ -806,16 +811,19 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
 def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(configuration, dtype, layout, limit, alpha, beta,
                                                                  monkeypatch):
     """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h), in both configurations
-    (token_quantizer.PAIRED): the same bytes as torch's ops on the GPU (mlp.swiglu, then the torch quantizer
-    composition), per-expert decode scales, empty experts and rows past offs[-1]."""
+    (token_quantizer.PAIRED, THRESHOLD_TABLE): the same bytes as torch's ops on the GPU (mlp.swiglu, then the
+    torch quantizer composition), per-expert decode scales (one with the threshold table), empty experts and rows
+    past offs[-1]."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    monkeypatch.setattr(token_quantizer, "PAIRED", QUANTIZER_CONFIGURATIONS[configuration])
+    paired, table = QUANTIZER_CONFIGURATIONS[configuration]
+    monkeypatch.setattr(token_quantizer, "PAIRED", paired)
+    monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
     gen = torch.Generator().manual_seed(5)
     sizes, inter = (0, 129, 0, 7, 160, 4), 192
     tokens = sum(sizes) + 3
     h = (torch.randn(tokens, 2 * inter, generator=gen) * 4).to(dtype).cuda()
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
-    scale = (torch.rand(len(sizes), generator=gen) + 0.1).cuda()
+    scale = (torch.rand(1 if table else len(sizes), generator=gen) + 0.1).cuda()
     assert token_quantizer.runs_on(h, offs, scale, swiglu=True)
     packed, blocked = mlp.swiglu_quantized(h, offs, scale, layout, alpha, beta, limit)
     rows = mlp.worst_case_scale_rows(tokens, len(sizes))

@@ -22,8 +22,12 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
-config = tq.TokenQuantizerConfig(paired=True, l2_ahead=2)  # the L2 prefetch, not yet timed
-out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
+# not yet timed: the L2 prefetch; the threshold table (one decode scale, and SwiGLU's halves with it)
+for config in (tq.TokenQuantizerConfig(paired=True, l2_ahead=2),
+               tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True),
+               tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, activation="halves", paired=True,
+                                       threshold_table=True)):
+    out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
 
@@ -43,12 +47,14 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
-    assert set(kernels) == names | {name + "-paired" for name in names} | {"quantize-tokens-bf16-paired-l2ahead2"}
+    assert set(kernels) == names | {name + "-paired" for name in names} | {
+        "quantize-tokens-bf16-paired-l2ahead2", "quantize-tokens-bf16-scale-paired-table",
+        "quantize-tokens-bf16-scale-swiglu-halves-paired-table"}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
         count = lambda pattern: len(re.findall(pattern, ptx))
-        scaled, swiglu = "scales" in name, "swiglu" in name
+        scaled, swiglu = "-scale" in name, "swiglu" in name
         # only a configuration with the L2 prefetch has one: predicated, a block the thread takes later
         assert count(r"@%?p\w* prefetch\.global\.L2 \[") == count(r"prefetch") == ("l2ahead" in name), name
         if "-paired" in name:
@@ -90,8 +96,14 @@ def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> 
     one converts (two copies of the two 16-byte loads; SwiGLU's four as before, its values packed two to a word
     of the tokens' type); amax by seven packed maxes of the 8 words; the seven step thresholds rounded up to the
     tokens' type (fp16: cvt.rp); 8 words' codes, three packed compares and four lop3 selects each; the division
-    kept for a scale that is not positive and finite, as in the configuration that goes value by value."""
+    kept for a scale that is not positive and finite, as in the configuration that goes value by value. With a
+    threshold table the thresholds are computed once, each thread of the last four warps an entry (seven words
+    stored), and a block reads its entry with two 16-byte shared loads."""
     fp16 = "fp16" in name
+    table = name.endswith("-table")
+    assert count(r"ld\.shared\.v4\.(?:u32|b32)") == 2 * table, name
+    assert count(r"st\.shared\.(?:u32|b32)\s") + 2 * count(r"st\.shared\.v2\.(?:u32|b32)") + 4 * count(
+        r"st\.shared\.v4\.(?:u32|b32)") == 4 + 7 * table, name  # the groups' four words
     kind = "f16x2" if fp16 else "bf16x2"
     # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
     # reciprocal, rounded to the tokens' type and packed two to a word
@@ -109,9 +121,10 @@ def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> 
     assert count(r"mul\.rn\.f64") == 7 and count(r"cvt\.rp\.f16\.f32") == (7 if fp16 else 0), name
     assert count(rf"set\.ge\.u32\.{kind}") == 8 * 3 and count(r"lop3\.b32") == 8 * 4, name
     assert count(r"div\.rn\.f32") == 1 + scaled + 16, name
-    assert count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1 and count(r"cvt\.rn\.f16x2\.e4m3x2") == 1, name
-    # the E4M3 value; with fp16 tokens the amax's two halves and the division's 16 values
-    assert count(r"cvt\.f32\.f16") == (1 + 2 + 16 if fp16 else 1), name
+    # the E4M3 value: the block's, and the table's where there is one
+    assert count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1 and count(r"cvt\.rn\.f16x2\.e4m3x2") == 1 + table, name
+    # the E4M3 values; with fp16 tokens the amax's two halves and the division's 16 values
+    assert count(r"cvt\.f32\.f16") == (1 + 2 + 16 if fp16 else 1) + table, name
     assert count(r"bar\.sync") == 1 and count(r"shfl\.sync\.up") >= 5, name
     assert not re.search(r"div\.(?:approx|full)\.f32", ptx), name
 
@@ -222,6 +235,41 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
     count = len(compiled)
     tq.quantize_tokens(x, offs, None, 4096)
     assert len(compiled) == count and launched[-1]["ctas"] == tq.CTAS_PER_SM * 132
+
+
+def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_or_none(monkeypatch):
+    """token_quantizer.THRESHOLD_TABLE (off until timed) makes the paired configurations of one decode scale or
+    none read their thresholds from a table (a kernel of its own, "-table", on TABLE_CTAS_PER_SM CTAs an SM);
+    per-expert scales keep the kernel they had, and a table is refused where a block's thresholds depend on more
+    than its scale byte."""
+    import torch
+    from nvfp4_group_gemm import token_quantizer as tq
+    compiled, launched = [], []
+
+    class Host:
+        def __init__(self, config, spec, device_index):
+            self.spec = spec
+            compiled.append(config)
+
+        def bind(self, values, stream):
+            return lambda: launched.append(dict(values))
+    assert not tq.THRESHOLD_TABLE  # not yet timed: off
+    stand_in_device(monkeypatch, Host)
+    x = torch.empty(4096, 7168, dtype=torch.bfloat16)
+    offs = torch.tensor([2048, 4096], dtype=torch.int32)
+    monkeypatch.setattr(tq, "THRESHOLD_TABLE", True)
+    for scale in (None, torch.ones(1)):
+        tq.quantize_tokens(x, offs, scale, 4096)
+        assert compiled[-1].threshold_table and compiled[-1].name.endswith("-paired-table"), compiled[-1].name
+        assert launched[-1]["ctas"] == tq.TABLE_CTAS_PER_SM * 132
+    tq.quantize_tokens(x, offs, torch.ones(2), 4096)  # per expert: the paired kernel as it was
+    assert not compiled[-1].threshold_table and launched[-1]["ctas"] == tq.PAIRED_CTAS_PER_SM * 132
+    monkeypatch.setattr(tq, "PAIRED", False)
+    tq.quantize_tokens(x, offs, None, 4096)
+    assert not compiled[-1].threshold_table and launched[-1]["ctas"] == tq.CTAS_PER_SM * 132
+    for config in (dict(paired=False), dict(paired=True, scale_kind=tq.PER_EXPERT)):
+        with pytest.raises(ValueError, match="threshold table is for paired configurations of one decode scale"):
+            tq.TokenQuantizerConfig(threshold_table=True, **config)
 
 
 def fp32_thresholds(s):
