@@ -121,8 +121,6 @@ from .submission import (K_MULTIPLE, PTR_ALIGN_BYTES, SF_VEC_SIZE, GroupTensorma
 OperandMajorMode = submission.undeprecated(warpgroup, "OperandMajorMode", cute.nvgpu.OperandMajorMode)
 WEIGHT_ROWS = 128  # B rows (weights' N) per tile: two MMA warpgroups, wgmma M = 64 each
 SF_BLOCK_BYTES = 512  # blocked layout: the scale factors of 128 rows x 64 K
-# TMA's L2 cache policies, as CUTLASS encodes them (CacheHintSm90): a load's lines the L2 evicts first or last
-L2_EVICT_FIRST, L2_EVICT_LAST = 0x12F0000000000000, 0x14F0000000000000
 
 
 class Diagnostic(enum.Enum):
@@ -152,21 +150,17 @@ class Sm90TileConfig(launch.PlannedMemory, TileConfig):
     # holds its rows, so that it multiplies fewer padding rows (its weights' conversion is the same at every width)
     widths: tuple = ()
     diagnostic: Optional[Diagnostic] = None  # only `SM90_DIAGNOSTICS` (the sweep's) set one
-    # the TMA loads tell the L2 that the weights are streamed (evict first: a weight tile is read by a group's
-    # token tiles, mostly one) and the converted tokens reused (evict last: every weight tile of the group reads
-    # them), so that the weights' stream does not push the tokens out
-    l2_hints: bool = False
 
     @property
     def tile_name(self) -> str:
-        """"sm90-TMxTN-kTK-wr", then -pair, -narrow, the narrower widths (-n16-64), the diagnostic, -l2hint and
-        -no-pdl where they apply."""
+        """"sm90-TMxTN-kTK-wr", then -pair, -narrow, the narrower widths (-n16-64), the diagnostic and -no-pdl
+        where they apply."""
         narrow = "" if not self.narrow_tokens else (
             "-narrow" if self.narrow_tokens == self.tile_m // 2 else f"-narrow{self.narrow_tokens}")
         widths = "".join(f"-{w}" for w in self.widths).replace("-", "-n", 1)
         return (f"sm90-{self.tile_m}x{self.tile_n}-k{self.tile_k}-wr" + ("-pair" if self.cta_group == 2 else "")
                 + narrow + widths + (f"-{self.diagnostic.value}" if self.diagnostic else "")
-                + ("-l2hint" if self.l2_hints else "") + ("" if self.pdl else "-no-pdl")
+                + ("" if self.pdl else "-no-pdl")
                 + ("-offs" if self.device_offsets else "")
                 + ("-bf16" if self.bf16_output else ""))
 
@@ -214,19 +208,10 @@ SM90_CONFIGS = {c.tile_name: c for c in (
     Sm90TileConfig(32, WEIGHT_ROWS, tile_k=128, widths=(16,)),
     Sm90TileConfig(64, WEIGHT_ROWS, tile_k=128, widths=(16,)),
 )}
-# Forms not yet timed: CONFIG_ENV and `eval.py sweep --candidates` name them, `eval.py compile` compiles them;
-# custom_kernel's choice (hopper_policy.SM90_TILE_COST_NS) and the MoE op never take one. 256-token tiles: a group
-# of up to 256 tokens is one tile, so its weights are streamed and converted once where 128-token tiles convert
-# them twice, and a stage's conversion is half as much work per wgmma (128 accumulators a thread at width 256,
-# so 64 K a stage: two register buffers of 16 each)
-SM90_CANDIDATES = {c.tile_name: c for c in (
-    Sm90TileConfig(256, WEIGHT_ROWS, tile_k=64, widths=(64, 128)),
-    Sm90TileConfig(256, 2 * WEIGHT_ROWS, tile_k=64, cta_group=2, widths=(128,)),
-    # L2 cache policies on the loads (`l2_hints`): the default form, and the 32-token one, where the weights'
-    # bytes are the work
-    *(dataclasses.replace(SM90_CONFIGS[name], l2_hints=True)
-      for name in ("sm90-128x128-k128-wr-n16-64", "sm90-32x128-k128-wr-n16")),
-)}
+# Forms not yet timed (none now; docs/hopper.md has those timed and not kept): CONFIG_ENV and `eval.py sweep
+# --candidates` name them, `eval.py compile` compiles them; custom_kernel's choice (hopper_policy.SM90_TILE_COST_NS)
+# and the MoE op never take one
+SM90_CANDIDATES = {}
 SM90_CONFIG = SM90_CONFIGS["sm90-128x128-k128-wr-n16-64"]  # the default form (`sm90_choice` may take a pair form)
 # The default form launched without programmatic dependent launch: exact, a setting CONFIG_ENV may name
 SM90_NO_PDL = dataclasses.replace(SM90_CONFIG, pdl=False)
@@ -1345,15 +1330,13 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                         (offsets.first_row(work.group), 0), mA), rank)
                 multicast = {} if cutlass.const_expr(token_mask is None) else {"mcast_mask": token_mask}
                 cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
-                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast,
-                          **self.cache_policy(L2_EVICT_LAST))
+                          tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast)
         else:
             weight_tile = self.weight_tile(work, rank)
             if cutlass.const_expr(offsets is not None):  # the stacked weights: the expert's blocks first
                 weight_tile += work.group * (offsets.n // WEIGHT_ROWS)
             cute.copy(tma_atom_b, tBgB[(None, weight_tile, k_tile)], tBsB[(None, stage)],
-                      tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1),
-                      **self.cache_policy(L2_EVICT_FIRST))
+                      tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 1))
             # Bulk copies are not elected by the compiler (TMA copies are): one lane issues them.
             if cute.arch.lane_idx() == 0:
                 src = cute.make_tensor(
@@ -1361,11 +1344,6 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                                   assumed_align=PTR_ALIGN_BYTES),
                     cute.make_layout(self.sf_stage_bytes))
                 cute.copy(bulk, src, sSFB[(None, stage)], mbar_ptr=barrier)
-
-    def cache_policy(self, policy: int) -> dict:
-        """A TMA load's keyword for L2 cache policy `policy` where the form gives its loads one (`l2_hints`): an
-        Int64 made from an IR value (DSL 4.5.2 passes the keyword's `.value` on as one; a constant's is an int)."""
-        return {"cache_policy": cutlass.Int64(cutlass.Int64(policy).ir_value())} if self.config.l2_hints else {}
 
     # -------------------------------------------------------------------------
     # The MMA warpgroups: weights dequantized into registers, times the tokens

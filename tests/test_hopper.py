@@ -300,7 +300,12 @@ def test_the_token_conversion_addresses_each_scale_factor_in_the_blocked_layout(
                     hopper.SF_BLOCK_BYTES
 
 
-def test_the_configuration_setting():
+# A form not yet timed, for the tests of how such forms are reached (hopper.SM90_CANDIDATES may be empty)
+UNTIMED = hopper.Sm90TileConfig(256, hopper.WEIGHT_ROWS, tile_k=64, widths=(64, 128))
+
+
+def test_the_configuration_setting(monkeypatch):
+    monkeypatch.setitem(hopper.SM90_CANDIDATES, UNTIMED.tile_name, UNTIMED)
     assert hopper_policy.config_from_setting(None) is hopper_policy.config_from_setting("") is hopper.SM90_CONFIG
     assert (hopper_policy.config_from_setting("sm90-192x256-k64-wr-pair")
             == hopper.SM90_CONFIGS["sm90-192x256-k64-wr-pair"])
@@ -331,7 +336,8 @@ def test_the_register_budget_counts_warps_per_scheduler():
     assert 128 * (roles.producer_registers + 2 * roles.consumer_registers) <= 65536
 
 
-def test_sweep_picks_configurations_by_name():
+def test_sweep_picks_configurations_by_name(monkeypatch):
+    monkeypatch.setitem(hopper.SM90_CANDIDATES, UNTIMED.tile_name, UNTIMED)
     assert peers.sweep_configs() == list(hopper.SM90_CONFIGS.values())
     # --candidates: the forms not yet timed after the timed ones, selected by name as they are
     assert peers.sweep_configs(candidates=True) == [*hopper.SM90_CONFIGS.values(), *hopper.SM90_CANDIDATES.values()]
