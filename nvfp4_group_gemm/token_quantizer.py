@@ -42,12 +42,6 @@ CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
 # the same for a paired configuration, as many as fit an SM (47-48 registers a thread; with SwiGLU 53-55)
 PAIRED_CTAS_PER_SM, PAIRED_SWIGLU_CTAS_PER_SM = 5, 4
 PAIRED = True  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
-# Not yet timed, so 0 (none): quantize_tokens' paired configurations without an activation prefetch into the L2 the
-# block a thread takes this many grid strides after the one it loads ahead (TokenQuantizerConfig.l2_ahead;
-# scripts/quantizer_bench.py --l2-ahead), on as many CTAs an SM as fit (56-57 registers a thread with the
-# prefetch, ptxas of CUDA 13, sm_90a: 4)
-L2_AHEAD = 0
-L2_AHEAD_CTAS_PER_SM = 4
 # Not yet timed, so False: quantize_tokens' paired configurations of one decode scale (or none) read a block's
 # thresholds from a table in shared memory instead of computing them (TokenQuantizerConfig.threshold_table;
 # scripts/quantizer_bench.py --table)
@@ -278,9 +272,6 @@ class TokenQuantizerConfig:
     quantizes x itself or SwiGLU of x (`activation`: gate and up in halves or interleaved; `limit`: clamped),
     and `paired`: a block's amax and codes two values at a time, on words of the tokens' type (`quantize_block`),
     its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32.
-    `l2_ahead` > 0 (paired, without an activation): each thread also prefetches into the L2 the block it will
-    quantize that many grid strides after the one its loads a block ahead fetch (one prefetch a block, no register
-    held for it), so that more of x's bytes are on their way from HBM than those loads keep in flight.
     `threshold_table` (paired, one decode scale or none): a block's seven paired thresholds are a function of its
     scale byte alone, so each CTA computes them once for every byte into shared memory (`fill_threshold_table`)
     and a block reads its entry (two 16-byte loads) where it computed them (about 40 instructions)."""
@@ -289,13 +280,9 @@ class TokenQuantizerConfig:
     activation: str = ""
     limit: bool = False
     paired: bool = False
-    l2_ahead: int = 0
     threshold_table: bool = False
 
     def __post_init__(self):
-        if self.l2_ahead and (self.activation or not self.paired):
-            raise ValueError(f"{self.name}: the L2 prefetch is for the paired configuration of x's own blocks (no "
-                             "activation)")
         if self.threshold_table and (not self.paired or self.scale_kind == PER_EXPERT):
             raise ValueError(f"{self.name}: the threshold table is for paired configurations of one decode scale "
                              "or none (a block's thresholds then follow from its scale byte alone)")
@@ -305,8 +292,7 @@ class TokenQuantizerConfig:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
                 + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
-                + ("-paired" if self.paired else "") + (f"-l2ahead{self.l2_ahead}" if self.l2_ahead else "")
-                + ("-table" if self.threshold_table else ""))
+                + ("-paired" if self.paired else "") + ("-table" if self.threshold_table else ""))
 
 
 class TokenQuantizer:
@@ -403,9 +389,6 @@ class TokenQuantizer:
                         words.store(ahead.load())
                         if item + stride < token_blocks:
                             cute.autovec_copy(token_words(x, item + stride), ahead)
-                        if cutlass.const_expr(self.config.l2_ahead):
-                            later = item + (self.config.l2_ahead + 1) * stride
-                            prefetch_l2(x.iterator.toint() + cutlass.Int64(later) * 32, later < token_blocks)
                     else:
                         values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
                         pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
@@ -581,14 +564,6 @@ def word_values(words, fp16: bool) -> list:
     return values
 
 
-def prefetch_l2(address, valid) -> None:
-    """prefetch.global.L2 where `valid`: the line holding `address` on its way into the L2 (nothing waits for it,
-    nothing is ordered by it; kept where it is written). Predicated in the instruction, not branched around."""
-    llvm.inline_asm(None, [cutlass.Int64(address).ir_value(), cutlass.Int32(valid).ir_value()],
-                    "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $1, 0;\n\t@p prefetch.global.L2 [$0];\n\t}", "l,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 def token_words(x, item):
     """Block `item`'s 8 words of x (32 bytes: two 16-byte loads)."""
     return global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16)
@@ -649,7 +624,7 @@ class QuantizerLaunch:
         self.launch()
 
 
-# (dtype, scale kind, swiglu options, paired, L2 prefetch, device index, stream) -> its QuantizerLaunch
+# (dtype, scale kind, swiglu options, paired, threshold table, device index, stream) -> its QuantizerLaunch
 _launches = {}
 
 
@@ -682,12 +657,10 @@ def f32_as_int32(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
-def grid_per_sm(swiglu: bool, l2_ahead: int = 0, table: bool = False) -> int:
-    """The grid's CTAs an SM at most, for the configurations `PAIRED`, `L2_AHEAD` and `THRESHOLD_TABLE` pick."""
+def grid_per_sm(swiglu: bool, table: bool = False) -> int:
+    """The grid's CTAs an SM at most, for the configurations `PAIRED` and `THRESHOLD_TABLE` pick."""
     if table:
         return TABLE_CTAS_PER_SM
-    if l2_ahead:
-        return L2_AHEAD_CTAS_PER_SM
     if not PAIRED:
         return CTAS_PER_SM
     return PAIRED_SWIGLU_CTAS_PER_SM if swiglu else PAIRED_CTAS_PER_SM
@@ -708,15 +681,13 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
     if work:
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
-        l2_ahead = L2_AHEAD if PAIRED and not swiglu else 0
         table = THRESHOLD_TABLE and PAIRED and kind != PER_EXPERT
-        key = (x.dtype, kind, swiglu, PAIRED, l2_ahead, table, index, stream)
+        key = (x.dtype, kind, swiglu, PAIRED, table, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None, paired=PAIRED, l2_ahead=l2_ahead,
-                                          threshold_table=table)
+                                          limit=limit is not None, paired=PAIRED, threshold_table=table)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (
@@ -726,7 +697,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
             global_scale is not None) else None
         # ARGUMENTS' order: ptr_x, ptr_offs, ptr_packed, ptr_scales, ptr_global, tokens, k, experts, rows, ctas,
         # alpha_bits, beta_bits, limit_bits
-        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, l2_ahead, table) * submission.sm_count(index))
+        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, table) * submission.sm_count(index))
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows, ctas) + entry.options
         if index == torch.cuda.current_device():

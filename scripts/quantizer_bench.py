@@ -4,13 +4,13 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--l2-ahead 1,2] [--table]
+                                      [--paired-ctas 4,5,6] [--table] [--swiglu]
 
---paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --l2-ahead the
-paired kernel that prefetches each thread's block that many grid strides ahead into the L2 (`L2_AHEAD`, on
-`L2_AHEAD_CTAS_PER_SM`); --table the paired kernel reading its thresholds from a table in shared memory
-(`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`). The decode scale is one value (0.37). Without a Hopper or B200
-GPU it prints what it would move and exits."""
+--paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --table the paired
+kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`). The
+decode scale is one value (0.37). --swiglu times the kernels that quantize SwiGLU of a (T, 2K) h instead
+(`mlp.swiglu_quantized`, gate and up in halves). Without a Hopper or B200 GPU it prints what it would move and
+exits."""
 import argparse
 import sys
 from pathlib import Path
@@ -20,10 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nvfp4_group_gemm.cli import comma_ints  # noqa: E402
 
 
-def moved_bytes(tokens: int, k: int, experts: int) -> int:
-    """x read (bf16), the codes and the whole scale buffer written."""
+def moved_bytes(tokens: int, k: int, experts: int, swiglu: bool = False) -> int:
+    """x read (bf16; with SwiGLU, h's gate and up: twice as much), the codes and the whole scale buffer
+    written."""
     from nvfp4_group_gemm import moe
-    return tokens * k * 2 + tokens * k // 2 + moe.worst_case_scale_rows(tokens, experts) * moe.scale_width(k)
+    return (tokens * k * 2 * (2 if swiglu else 1) + tokens * k // 2
+            + moe.worst_case_scale_rows(tokens, experts) * moe.scale_width(k))
 
 
 def routing(tokens: int, experts: int, generator):
@@ -44,40 +46,42 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--paired-ctas", type=comma_ints(1), default=[],
                         help="comma-separated CTAs an SM for the paired kernel")
-    parser.add_argument("--l2-ahead", type=comma_ints(1), default=[],
-                        help="comma-separated L2 prefetch distances (grid strides) for the paired kernel")
     parser.add_argument("--table", action="store_true", help="also the paired kernel with a threshold table")
+    parser.add_argument("--swiglu", action="store_true", help="quantize SwiGLU of a (T, 2K) h instead of x")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
     from nvfp4_group_gemm.mlp_report import graph_us
-    moved = moved_bytes(options.tokens, options.k, options.experts)
-    print(f"quantizer at T {options.tokens}, K {options.k}, E {options.experts}: {moved / 1e6:.1f} MB read and "
-          "written a call")
+    moved = moved_bytes(options.tokens, options.k, options.experts, options.swiglu)
+    print(f"quantizer{' of SwiGLU' if options.swiglu else ''} at T {options.tokens}, K {options.k}, "
+          f"E {options.experts}: {moved / 1e6:.1f} MB read and written a call")
     if not torch.cuda.is_available() or not tq.kernel_device(torch.cuda.current_device()):
         print("no Hopper or B200 GPU here: nothing timed")
         return 0
     card = measure.card_of(torch.cuda.get_device_name())
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(options.tokens, options.k, generator=generator).to(torch.bfloat16).cuda()
+    x = torch.randn(options.tokens, options.k * (2 if options.swiglu else 1), generator=generator).to(
+        torch.bfloat16).cuda()
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
-    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; its L2 prefetch
-    # distance; whether it reads a threshold table)
-    settings = [("value by value", None, 0, False), ("paired", tq.PAIRED_CTAS_PER_SM, 0, False)]
-    settings += [(f"paired, {n} CTAs an SM", n, 0, False) for n in options.paired_ctas]
-    settings += [(f"paired, L2 prefetch {a} strides ahead, {tq.L2_AHEAD_CTAS_PER_SM} CTAs an SM",
-                  tq.PAIRED_CTAS_PER_SM, a, False) for a in options.l2_ahead]
+    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; whether it reads a
+    # threshold table)
+    paired_per_sm = tq.PAIRED_SWIGLU_CTAS_PER_SM if options.swiglu else tq.PAIRED_CTAS_PER_SM
+    settings = [("value by value", None, False), ("paired", paired_per_sm, False)]
+    settings += [(f"paired, {n} CTAs an SM", n, False) for n in options.paired_ctas]
     if options.table:
-        settings.append((f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM", tq.PAIRED_CTAS_PER_SM, 0,
-                         True))
+        settings.append((f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM", paired_per_sm, True))
 
-    def run(per_sm, l2_ahead, table):
-        tq.PAIRED, tq.L2_AHEAD, tq.THRESHOLD_TABLE = per_sm is not None, l2_ahead, table
-        if tq.PAIRED:
+    def run(per_sm, table):
+        tq.PAIRED, tq.THRESHOLD_TABLE = per_sm is not None, table
+        if tq.PAIRED and options.swiglu:
+            tq.PAIRED_SWIGLU_CTAS_PER_SM = per_sm
+        elif tq.PAIRED:
             tq.PAIRED_CTAS_PER_SM = per_sm
+        if options.swiglu:
+            return mlp.swiglu_quantized(x, offs, scale)
         return mlp.quantize_tokens_device(x, offs, scale)
-    want = [t.view(torch.uint8) for t in run(None, 0, False)]
+    want = [t.view(torch.uint8) for t in run(None, False)]
     failed = False
     for label, *setting in settings[1:]:
         same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(*setting), want))

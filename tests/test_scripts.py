@@ -395,11 +395,14 @@ def test_quantizer_bench_says_what_it_moves_and_times_nothing_without_a_gpu():
     from nvfp4_group_gemm import moe
     assert quantizer_bench.moved_bytes(4096, 7168, 8) == (4096 * 7168 * 5 // 2
                                                           + moe.worst_case_scale_rows(4096, 8) * 7168 // 16)
+    # --swiglu: h's gate and up read, (T, 2K), the same written
+    assert quantizer_bench.moved_bytes(4096, 2048, 8, swiglu=True) == (4096 * 2048 * 9 // 2
+                                                                      + moe.worst_case_scale_rows(4096, 8) * 128)
     offs = quantizer_bench.routing(1000, 8, torch.Generator().manual_seed(1))
     counts = torch.diff(offs, prepend=torch.zeros(1, dtype=offs.dtype))
     assert int(offs[-1]) == 1000 and int(counts[4]) == 0 and bool((counts >= 0).all())
     # its lists of settings: positive integers, a bad one refused before anything runs (exit 2, named)
-    for option, bad in (("--l2-ahead", "x"), ("--paired-ctas", "0")):
+    for option, bad in (("--paired-ctas", "x"), ("--paired-ctas", "0")):
         refused = subprocess.run([sys.executable, "scripts/quantizer_bench.py", option, bad], cwd=ROOT,
                                  capture_output=True, text=True, timeout=300)
         assert refused.returncode == 2 and f"argument {option}: {bad!r}: expected integers of at least 1" in (
@@ -417,7 +420,7 @@ def test_comma_ints_reads_a_list_and_refuses_what_is_not_one():
 
 @pytest.mark.parametrize("script, option, bad", [("m_sweep.py", "--m", "16,x"), ("sm_scaling.py", "--sms", "0"),
                                                  ("moe_forms.py", "--sizes", "128,-1"),
-                                                 ("quantizer_bench.py", "--l2-ahead", "2.5")])
+                                                 ("quantizer_bench.py", "--paired-ctas", "2.5")])
 def test_each_scripts_list_option_refuses_a_bad_value_before_anything_runs(script, option, bad):
     """The scripts' comma-separated options go through cli.comma_ints: a bad value is argparse's one-line error
     naming the option (exit 2), with nothing printed before it, not a traceback after the GPU work began."""

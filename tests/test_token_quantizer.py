@@ -22,9 +22,8 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
-# not yet timed: the L2 prefetch; the threshold table (one decode scale, and SwiGLU's halves with it)
-for config in (tq.TokenQuantizerConfig(paired=True, l2_ahead=2),
-               tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True),
+# not yet timed: the threshold table (one decode scale, and SwiGLU's halves with it)
+for config in (tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True),
                tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, activation="halves", paired=True,
                                        threshold_table=True)):
     out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
@@ -48,15 +47,13 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
     assert set(kernels) == names | {name + "-paired" for name in names} | {
-        "quantize-tokens-bf16-paired-l2ahead2", "quantize-tokens-bf16-scale-paired-table",
+        "quantize-tokens-bf16-scale-paired-table",
         "quantize-tokens-bf16-scale-swiglu-halves-paired-table"}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
         count = lambda pattern: len(re.findall(pattern, ptx))
         scaled, swiglu = "-scale" in name, "swiglu" in name
-        # only a configuration with the L2 prefetch has one: predicated, a block the thread takes later
-        assert count(r"@%?p\w* prefetch\.global\.L2 \[") == count(r"prefetch") == ("l2ahead" in name), name
         if "-paired" in name:
             check_paired_ptx(name, ptx, count, scaled, swiglu)
         else:
@@ -218,23 +215,6 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
         assert compiled[-1].paired == paired and compiled[-1].name.endswith("-paired") == paired
         assert launched[-1]["ctas"] == per_sm * 132
     assert len({tq.CTAS_PER_SM, tq.PAIRED_CTAS_PER_SM, tq.PAIRED_SWIGLU_CTAS_PER_SM}) == 3
-    assert tq.L2_AHEAD == 0 and all(c.l2_ahead == 0 for c in compiled)  # not yet timed: off
-    # L2_AHEAD: x's own blocks prefetched, a kernel of its own on its grid; SwiGLU's configurations as they were
-    monkeypatch.setattr(tq, "L2_AHEAD", 2)
-    tq.quantize_tokens(x, offs, None, 4096)
-    assert compiled[-1] == tq.TokenQuantizerConfig(paired=True, l2_ahead=2)
-    assert compiled[-1].name == "quantize-tokens-bf16-paired-l2ahead2"
-    assert launched[-1]["ctas"] == tq.L2_AHEAD_CTAS_PER_SM * 132
-    count = len(compiled)
-    tq.quantize_tokens(x, offs, None, 4096, swiglu=swiglu)  # the launch it had before L2_AHEAD was set
-    assert len(compiled) == count and launched[-1]["ctas"] == tq.PAIRED_SWIGLU_CTAS_PER_SM * 132
-    for config in (dict(activation="halves", paired=True), dict(paired=False)):
-        with pytest.raises(ValueError, match="the paired configuration of x's own blocks"):
-            tq.TokenQuantizerConfig(l2_ahead=1, **config)
-    monkeypatch.setattr(tq, "PAIRED", False)  # the value-by-value kernel has no prefetch: the launch it had
-    count = len(compiled)
-    tq.quantize_tokens(x, offs, None, 4096)
-    assert len(compiled) == count and launched[-1]["ctas"] == tq.CTAS_PER_SM * 132
 
 
 def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_or_none(monkeypatch):
