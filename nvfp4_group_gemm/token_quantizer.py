@@ -32,7 +32,6 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass._mlir.dialects import llvm
 
 from . import moe, moe_tables, submission
 from .moe import BLOCK_ROWS, E2M1_STEPS, SF_VEC_SIZE, scale_width
