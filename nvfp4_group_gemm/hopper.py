@@ -130,6 +130,7 @@ class Diagnostic(enum.Enum):
     SKIP_CONVERT = "skip-convert"  # the weights' fragments stay unconverted
     SKIP_MMA = "skip-mma"  # no wgmma run (the weights still converted)
     SKIP_TOKENS = "skip-tokens"  # no tokens loaded
+    SKIP_WEIGHTS = "skip-weights"  # no weights or their scale factors loaded (converted from stale stages)
     SKIP_TOKEN_CONVERSION = "skip-token-conversion"  # no tokens converted (and none waited for)
     SKIP_EPILOGUE = "skip-epilogue"  # no C stored (the wgmma and conversions still run)
 
@@ -873,9 +874,10 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         either CTA's first load."""
         shape = self.cluster_shape()
         check_ab_arrivals(self.config, shape)
-        # Diagnostic.SKIP_TOKENS loads no tokens
-        skipped = (self.tile_m * self.tile_k * 2 if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_TOKENS)
-                   else 0)
+        # Diagnostic.SKIP_TOKENS loads no tokens, SKIP_WEIGHTS no weights
+        skipped = {Diagnostic.SKIP_TOKENS: self.tile_m * self.tile_k * 2,
+                   Diagnostic.SKIP_WEIGHTS: WEIGHT_ROWS * self.packed_k_bytes + self.sf_stage_bytes}.get(
+                       self.config.diagnostic, 0)
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers,
             num_stages=self.num_ab_stages,
@@ -1331,7 +1333,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                 multicast = {} if cutlass.const_expr(token_mask is None) else {"mcast_mask": token_mask}
                 cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
                           tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast)
-        else:
+        elif cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_WEIGHTS):
             weight_tile = self.weight_tile(work, rank)
             if cutlass.const_expr(offsets is not None):  # the stacked weights: the expert's blocks first
                 weight_tile += work.group * (offsets.n // WEIGHT_ROWS)

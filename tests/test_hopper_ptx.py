@@ -346,6 +346,12 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path, instal
     # load sites (a release may emit one site as several instructions: DSL 4.5.2 takes 4 each, 4.8.1 one)
     tma = r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global"
     assert 0 < 3 * count(tma, by_what["skip-tokens"]) == count(tma, base)
+    # skip-weights: the tokens' TMA loads only (4 of the 6 sites), no bulk copy of the weights' scale factors; the
+    # weights' conversion stays, on whatever the stages hold
+    bulk = compile_gate.PTX_FEATURES["bulk_copy_load"]
+    assert 0 < 3 * count(tma, by_what["skip-weights"]) == 2 * count(tma, base)
+    assert count(bulk, by_what["skip-weights"]) == 0 < count(bulk, base)
+    assert count(conversion, by_what["skip-weights"]) == count(conversion, base)
     # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier (the kernel's one named-barrier
     # arrive; DSL 4.5.2 names its id in a register, 4.8.1 as the constant); the weights' conversion stays
     skipped = by_what["skip-token-conversion"]
