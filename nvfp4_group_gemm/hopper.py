@@ -437,49 +437,45 @@ def dequant_word(packed: cutlass.Uint32, scale: cutlass.Uint32):
 # =============================================================================
 # Token counters: inline PTX for the CTAs' shared conversion of the tokens
 # =============================================================================
-def _asm_memory(result_type, args, ptx: str, constraints: str):
-    """Inline PTX that reads or writes memory: kept in place (side effects, a memory clobber)."""
-    clobber = "~{memory}" if not constraints else constraints + ",~{memory}"
-    return llvm.inline_asm(result_type, [a.ir_value() for a in args], ptx, clobber, has_side_effects=True,
-                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+_ptx_memory = moe_tables.inline_ptx_memory
 
 
 def atomic_add_relaxed(address, value) -> cutlass.Int32:
     """atom.add at GPU scope, relaxed: the counter's old value (claims order nothing else)."""
-    return cutlass.Int32(_asm_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address), cutlass.Int32(value)],
+    return cutlass.Int32(_ptx_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address), cutlass.Int32(value)],
                                      "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r"))
 
 
 def atomic_add_acq_rel(address, value) -> cutlass.Int32:
     """atom.add at GPU scope, acquire and release: the counter's old value."""
-    return cutlass.Int32(_asm_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address), cutlass.Int32(value)],
+    return cutlass.Int32(_ptx_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address), cutlass.Int32(value)],
                                      "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r"))
 
 
 def add_release(address, value) -> None:
     """red.add at GPU scope, release: what this thread wrote (and saw) before is visible to an acquire of the sum."""
-    _asm_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "red.release.gpu.global.add.u32 [$0], $1;",
+    _ptx_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "red.release.gpu.global.add.u32 [$0], $1;",
                 "l,r")
 
 
 def load_acquire(address) -> cutlass.Int32:
     """ld at GPU scope, acquire."""
-    return cutlass.Int32(_asm_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address)],
+    return cutlass.Int32(_ptx_memory(cutlass.Int32.mlir_type, [cutlass.Int64(address)],
                                      "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l"))
 
 
 def store_relaxed(address, value) -> None:
-    _asm_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "st.relaxed.gpu.global.u32 [$0], $1;", "l,r")
+    _ptx_memory(None, [cutlass.Int64(address), cutlass.Int32(value)], "st.relaxed.gpu.global.u32 [$0], $1;", "l,r")
 
 
 def fence_generic_async(space: str = "") -> None:
     """fence.proxy.async{space}: orders this thread's generic accesses to `space` (".global", ".shared::cta";
     "" for every state space) with async-proxy ones (TMA)."""
-    _asm_memory(None, [], f"fence.proxy.async{space};", "")
+    _ptx_memory(None, [], f"fence.proxy.async{space};", "")
 
 
 def nanosleep(ns: int) -> None:
-    _asm_memory(None, [], f"nanosleep.u32 {ns};", "")
+    _ptx_memory(None, [], f"nanosleep.u32 {ns};", "")
 
 
 def counters_address(tensormaps: cute.Tensor, num_groups):

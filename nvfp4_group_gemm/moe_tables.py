@@ -39,6 +39,14 @@ def inline_ptx(result_type, args, text: str, constraints: str):
                            is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def inline_ptx_memory(result_type, args, text: str, constraints: str):
+    """Inline PTX that reads or writes memory, or orders or waits for what does (atomics, fences, barriers, bulk
+    copies): kept in place (side effects, a memory clobber); `result_type` None where it has no result."""
+    clobber = "~{memory}" if not constraints else constraints + ",~{memory}"
+    return llvm.inline_asm(result_type, [a.ir_value() for a in args], text, clobber, has_side_effects=True,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 # ==== Device side: the groups from offs, by one warp =================================================================
 def shuffle_up(value, offset: int):
     """`value` of the lane `offset` below this one (lanes below `offset` keep their own): shfl.sync.up with
