@@ -223,7 +223,8 @@ def format_b200_sweep(rows: list, benchmarks: list, chosen: dict) -> str:
 def command_sweep(options) -> int:
     """B200: `sweep_b200`. Hopper GPU: every configuration of hopper.py (hopper.SM90_CONFIGS),
     each checked against the reference and timed like the peers, side by side
-    with torch._grouped_mm on pre-dequantized bf16, per benchmark."""
+    with torch._grouped_mm on pre-dequantized bf16, per benchmark; each under the
+    schedule custom_kernel gives it for the shape set (`hopper_policy.sm90_schedule`)."""
     import torch
     from nvfp4_group_gemm import submission
     from nvfp4_group_gemm.reference import check_implementation
@@ -232,24 +233,25 @@ def command_sweep(options) -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("sweep: needs a B200 (sm_100) or a Hopper GPU (sm_90)")
         return 2
-    from nvfp4_group_gemm import hopper
+    from nvfp4_group_gemm import hopper, hopper_policy
     from nvfp4_group_gemm.reference import generate_input
     cases = options.bench_cases
     configs = sweep_configs(options.only, options.diagnose, options.candidates)
     if not configs:
         print(f"sweep: no configuration of hopper.py matches {options.only}")
         return 2
-    launchers = {c.name: submission.GroupedGemmLauncher(config=c) for c in configs}
+    launchers = {c.name: submission.GroupedGemmLauncher(choose=hopper_policy.scheduled_by_shape(c)) for c in configs}
     worst = 0
     for config in [c for c in configs if not c.diagnostic]:  # the task's test shapes first
         verdicts = [check_implementation(data, launchers[config.name](clone_data(data)))
                     for data in (generate_input(**case.args) for case in read_test_file(TESTS_FILE))]
         failed = [(i, message) for i, (passed, message) in enumerate(verdicts) if not passed]
         worst |= bool(failed)
-        print(f"{config.name}: {len(verdicts) - len(failed)}/{len(verdicts)} test shapes correct"
+        print(f"{config.tile_name}: {len(verdicts) - len(failed)}/{len(verdicts)} test shapes correct"
               + "".join(f"\n  test {i}: {message[:300]}" for i, message in failed))
-    print(f"Hopper configurations, round-robin, on {torch.cuda.get_device_name()} (mean us per call, leaderboard "
-          f"loop, {PEER_SAMPLES} samples; x = grouped_mm time / ours; * = custom_kernel's default form):")
+    print(f"Hopper configurations, each under custom_kernel's schedule for the shape set, on "
+          f"{torch.cuda.get_device_name()} (mean us per call, leaderboard loop, {PEER_SAMPLES} samples; "
+          "x = grouped_mm time / ours; * = custom_kernel's default form):")
     print(f"  {'#':>2} {'grouped_mm':>11} " + " ".join(
         f"{c.tile_name + ('*' if c == hopper.SM90_CONFIG else ''):>24}" for c in configs))
     for index, case in cases:
