@@ -201,13 +201,9 @@ def test_a_calls_arguments_reach_the_kernel_in_its_order_and_the_launch_is_bound
     assert len(binds) == 2 and seen[-1]["ptr_global"] == scale.data_ptr() and seen[-1]["beta_bits"] == 0
 
 
-def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeypatch):
-    """token_quantizer.PAIRED (the default) picks paired configurations (TokenQuantizerConfig.paired, a kernel
-    of their own, "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most,
-    PAIRED_SWIGLU_CTAS_PER_SM with SwiGLU (as many as fit an SM: they hold more registers a thread than the
-    value-by-value kernels); PAIRED False compiles the value-by-value configurations, on CTAS_PER_SM."""
-    import torch
-    from nvfp4_group_gemm import token_quantizer as tq
+def recording_launches(monkeypatch) -> tuple:
+    """quantize_tokens on the CPU stand-in (`stand_in_device`), its host functions recorded: the configurations
+    compiled and each launch's arguments, in order."""
     compiled, launched = [], []
 
     class Host:
@@ -217,8 +213,19 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
 
         def bind(self, values, stream):
             return lambda: launched.append(dict(values))
-    assert tq.PAIRED  # the default: the same bytes, faster (docs/moe.md)
     stand_in_device(monkeypatch, Host)
+    return compiled, launched
+
+
+def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeypatch):
+    """token_quantizer.PAIRED (the default) picks paired configurations (TokenQuantizerConfig.paired, a kernel
+    of their own, "-paired" in the name), each launched on PAIRED_CTAS_PER_SM CTAs an SM at most,
+    PAIRED_SWIGLU_CTAS_PER_SM with SwiGLU (as many as fit an SM: they hold more registers a thread than the
+    value-by-value kernels); PAIRED False compiles the value-by-value configurations, on CTAS_PER_SM."""
+    import torch
+    from nvfp4_group_gemm import token_quantizer as tq
+    compiled, launched = recording_launches(monkeypatch)
+    assert tq.PAIRED  # the default: the same bytes, faster (docs/moe.md)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)  # 1.8 M blocks: more than any grid's threads
     offs = torch.tensor([4096], dtype=torch.int32)
     swiglu = ("halves", 1.0, 0.0, None)
@@ -238,17 +245,8 @@ def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_
     than its scale byte."""
     import torch
     from nvfp4_group_gemm import token_quantizer as tq
-    compiled, launched = [], []
-
-    class Host:
-        def __init__(self, config, spec, device_index):
-            self.spec = spec
-            compiled.append(config)
-
-        def bind(self, values, stream):
-            return lambda: launched.append(dict(values))
+    compiled, launched = recording_launches(monkeypatch)
     assert not tq.THRESHOLD_TABLE  # not yet timed: off
-    stand_in_device(monkeypatch, Host)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
     offs = torch.tensor([2048, 4096], dtype=torch.int32)
     monkeypatch.setattr(tq, "THRESHOLD_TABLE", True)
@@ -273,17 +271,8 @@ def test_bulk_stages_are_a_configuration_of_their_own_for_xs_own_blocks(monkeypa
     theirs, and bulk stages are refused where a block is not 32 contiguous bytes of x."""
     import torch
     from nvfp4_group_gemm import token_quantizer as tq
-    compiled, launched = [], []
-
-    class Host:
-        def __init__(self, config, spec, device_index):
-            self.spec = spec
-            compiled.append(config)
-
-        def bind(self, values, stream):
-            return lambda: launched.append(dict(values))
+    compiled, launched = recording_launches(monkeypatch)
     assert tq.BULK_STAGES == 0  # not yet timed: off
-    stand_in_device(monkeypatch, Host)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
     offs = torch.tensor([2048, 4096], dtype=torch.int32)
     monkeypatch.setattr(tq, "BULK_STAGES", 4)
