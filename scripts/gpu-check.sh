@@ -55,7 +55,7 @@ for release in $releases; do
     case $tool in
       memcheck|synccheck)
         step $tool$at $tool$log "$sanitizer" --tool $tool --report-api-errors no --error-exitcode 9 \
-          python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe ;;
+          python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe --quantizer ;;
       racecheck)
         # the pattern alone first, every variant: what racecheck says of it fenced or not, that the verdict places
         # its lines, and that it rejects the negative control (early-read: a load before the wait)
@@ -68,7 +68,7 @@ for release in $releases; do
             "$OUT/racecheck-$variant$log"
         done
         step racecheck$at racecheck$log env CUTE_DSL_LINEINFO=1 "$sanitizer" --tool racecheck \
-          python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe
+          python3 -W ignore scripts/sanitize_cases.py ${SANITIZE_CASES:-3 3} --moe --quantizer
         step racecheck-verdict$at racecheck-verdict$log python3 scripts/racecheck_verdict.py "$OUT/racecheck$log" ;;
     esac
   done

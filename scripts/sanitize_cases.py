@@ -1,9 +1,13 @@
 """custom_kernel on one test shape and one benchmark shape, checked against the
 reference, and with --moe the MoE op on one routing with empty experts (on sm_90
 also two routings under two forms per call, one taken by each), checked against
-its CPU result: run under compute-sanitizer's tools by scripts/gpu-check.sh.
-Arguments: the test and benchmark indices (default 3 3; gpu-check.sh passes
-$SANITIZE_CASES), then --moe (every tool of gpu-check.sh passes it)."""
+its CPU result, and with --quantizer the token quantizer's kernel in each of its
+configurations (token_quantizer.PAIRED, THRESHOLD_TABLE, BULK_STAGES; on a grid of
+one SM's CTAs, so that each thread takes many blocks and each bulk stage is filled
+many times), checked byte for byte against the torch composition: run under
+compute-sanitizer's tools by scripts/gpu-check.sh. Arguments: the test and
+benchmark indices (default 3 3; gpu-check.sh passes $SANITIZE_CASES), then --moe
+and --quantizer (every tool of gpu-check.sh passes both)."""
 import sys
 from pathlib import Path
 
@@ -25,8 +29,8 @@ def within_one_rounding(got, expected) -> bool:
 
 
 failed = False
-moe_too = "--moe" in sys.argv
-numbers = [a for a in sys.argv[1:] if a != "--moe"]
+moe_too, quantizer_too = "--moe" in sys.argv, "--quantizer" in sys.argv
+numbers = [a for a in sys.argv[1:] if a not in ("--moe", "--quantizer")]
 test_index, benchmark_index = (int(a) for a in (numbers[:2] if len(numbers) >= 2 else (3, 3)))
 for path, index in ((TESTS_FILE, test_index), (BENCHMARKS_FILE, benchmark_index)):
     case = read_test_file(path)[index]
@@ -72,4 +76,24 @@ if moe_too:  # the MoE op on one routing with a quarter of the experts empty, as
             good = within_one_rounding(got, expected)
             print(f"moe op, two Hopper forms, experts {list(sizes)}: {'pass' if good else 'FAIL'}")
             failed |= not good
+
+if quantizer_too:  # (PAIRED, THRESHOLD_TABLE, BULK_STAGES); one decode scale, which the table takes
+    from nvfp4_group_gemm import mlp, submission as shared, token_quantizer
+    sizes = [0, 129, 0, 7, 260, 1]
+    gen = torch.Generator().manual_seed(7)
+    x = (torch.randn(sum(sizes) + 5, 512, generator=gen) * 3).to(torch.bfloat16)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    scale = torch.tensor([0.37])
+    want = [t.view(torch.uint8) for t in mlp.quantize_tokens_torch(x, offs, scale, mlp.worst_case_scale_rows(
+        x.shape[0], len(sizes)))]
+    sm_count = shared.sm_count
+    shared.sm_count = lambda index: 1
+    for setting in ((False, False, 0), (True, False, 0), (True, True, 0), (True, False, 3), (True, True, 4)):
+        token_quantizer.PAIRED, token_quantizer.THRESHOLD_TABLE, token_quantizer.BULK_STAGES = setting
+        got = mlp.quantize_tokens_device(x.cuda(), offs.cuda(), scale.cuda())
+        torch.cuda.synchronize()
+        good = all(torch.equal(g.view(torch.uint8).cpu(), w) for g, w in zip(got, want))
+        print(f"token quantizer (paired, table, bulk stages) {setting}: {'pass' if good else 'FAIL'}")
+        failed |= not good
+    shared.sm_count = sm_count
 sys.exit(1 if failed else 0)
