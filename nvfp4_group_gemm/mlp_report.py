@@ -174,9 +174,11 @@ def command_mlp(options) -> int:
                          f"{op_replayed:8.1f} replayed (eager / replayed {op_eager / op_replayed:.2f}); "
                          f"grouped_mm bf16 {bf16_eager:8.1f}: {bf16_eager / op_eager:.2f}x eager")
             if rows == max(row_counts):
+                from nvfp4_group_gemm import token_quantizer
                 moved = rows * hidden * 2 + rows * hidden // 2 + moe_scale_bytes(rows, e, hidden)
                 card = measure.card_of(name)
-                line += (f"\n    quantizer at T {rows}, K {hidden}: {moved / quantize / 1e3:.0f} GB/s"
+                line += (f"\n    quantizer ({token_quantizer.configuration_label()}) at T {rows}, K {hidden}: "
+                         f"{moved / quantize / 1e3:.0f} GB/s"
                          + (f" ({100 * moved / quantize * 1e6 / card.bytes_per_s:.0f}% of the "
                             f"{card.name}'s HBM bandwidth)" if card else ""))
         print(line, flush=True)

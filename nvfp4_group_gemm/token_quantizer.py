@@ -767,6 +767,15 @@ def bulk_ctas_per_sm(bulk: int, table: bool) -> int:
     return min(PAIRED_CTAS_PER_SM, SHARED_MEMORY_PER_SM // (bulk_shared_bytes(bulk, table) + 1024))
 
 
+def configuration_label() -> str:
+    """What `quantize_tokens` compiles for x's own blocks, in words: the settings `PAIRED`, `THRESHOLD_TABLE`
+    (where a decode scale is one value or none) and `BULK_STAGES`."""
+    if not PAIRED:
+        return "value by value"
+    return ("paired" + (", threshold table" if THRESHOLD_TABLE else "")
+            + (f", {BULK_STAGES} bulk stages" if BULK_STAGES else ""))
+
+
 def grid_per_sm(swiglu: bool, table: bool = False, bulk: int = 0) -> int:
     """The grid's CTAs an SM at most, for the configurations `PAIRED`, `THRESHOLD_TABLE` and `BULK_STAGES` pick."""
     if bulk:

@@ -296,6 +296,18 @@ def test_bulk_stages_are_a_configuration_of_their_own_for_xs_own_blocks(monkeypa
             tq.TokenQuantizerConfig(**config)
 
 
+def test_the_configuration_label_names_the_settings(monkeypatch):
+    """eval.py mlp prints which quantizer it timed: token_quantizer.configuration_label, from PAIRED,
+    THRESHOLD_TABLE and BULK_STAGES."""
+    from nvfp4_group_gemm import token_quantizer as tq
+    assert tq.configuration_label() == "paired"  # the defaults
+    monkeypatch.setattr(tq, "THRESHOLD_TABLE", True)
+    monkeypatch.setattr(tq, "BULK_STAGES", 4)
+    assert tq.configuration_label() == "paired, threshold table, 4 bulk stages"
+    monkeypatch.setattr(tq, "PAIRED", False)
+    assert tq.configuration_label() == "value by value"
+
+
 def fp32_thresholds(s):
     """token_quantizer.THRESHOLD_PTX emulated: for block scales s > 0, finite, each step's boundary x s (exact in
     fp64) rounded to fp32 up where a tie rounds up, else down and then to the next fp32 above: (n, 7), ascending."""
