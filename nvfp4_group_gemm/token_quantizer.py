@@ -210,9 +210,7 @@ def fill_threshold_table(table, byte, decode: cutlass.Float32, fp16: cutlass.Con
 def table_entry(table, byte):
     """The threshold table's entry for scale byte `byte` (< TABLE_BYTES: a clamped scale's): its 8 words, two
     16-byte loads."""
-    address = table.iterator.toint() + byte * (TABLE_WORDS * 4)
-    return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, cute.AddressSpace.smem, assumed_align=32),
-                            cute.make_layout(TABLE_WORDS))
+    return shared_words(table.iterator.toint() + byte * (TABLE_WORDS * 4), TABLE_WORDS, 32)
 
 
 @cute.jit
@@ -596,10 +594,16 @@ class TokenQuantizer:
             cute.autovec_copy(zero, global_words(scales.iterator.toint() + offset, 1, 4))
 
 
-def global_words(address, count: int, align: int):
-    """`count` 32-bit words of global memory at `address` (aligned to `align` bytes): one vector access."""
-    return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, cute.AddressSpace.gmem, assumed_align=align),
+def global_words(address, count: int, align: int, space=cute.AddressSpace.gmem):
+    """`count` 32-bit words of global memory (or of `space`) at `address` (aligned to `align` bytes): one vector
+    access."""
+    return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, space, assumed_align=align),
                             cute.make_layout(count))
+
+
+def shared_words(address, count: int, align: int):
+    """`global_words` of shared memory."""
+    return global_words(address, count, align, cute.AddressSpace.smem)
 
 
 def word_values(words, fp16: bool) -> list:
@@ -662,9 +666,7 @@ def bulk_fill(x, stages, full, stage, base, token_blocks) -> None:
 
 def stage_words(stages, stage, tidx):
     """This thread's block in bulk stage `stage`: its 8 words (two 16-byte shared loads)."""
-    address = stages + (stage * THREADS + tidx) * 32
-    return cute.make_tensor(cute.make_ptr(cutlass.Uint32, address, cute.AddressSpace.smem, assumed_align=32),
-                            cute.make_layout(8))
+    return shared_words(stages + (stage * THREADS + tidx) * 32, 8, 32)
 
 
 @cute.jit
