@@ -161,8 +161,7 @@ class Sm90TileConfig(launch.PlannedMemory, TileConfig):
         widths = "".join(f"-{w}" for w in self.widths).replace("-", "-n", 1)
         return (f"sm90-{self.tile_m}x{self.tile_n}-k{self.tile_k}-wr" + ("-pair" if self.cta_group == 2 else "")
                 + narrow + widths + (f"-{self.diagnostic.value}" if self.diagnostic else "")
-                + ("" if self.pdl else "-no-pdl")
-                + ("-offs" if self.device_offsets else "")
+                + ("" if self.pdl else "-no-pdl") + ("-offs" if self.device_offsets else "")
                 + ("-bf16" if self.bf16_output else ""))
 
     @property
