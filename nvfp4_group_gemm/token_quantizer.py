@@ -48,13 +48,6 @@ THRESHOLD_TABLE = False
 TABLE_CTAS_PER_SM = 4  # as many as fit: 59 registers a thread with one decode scale (ptxas of CUDA 13, sm_90a)
 TABLE_BYTES = 128  # the E4M3 bytes a block's scale can be: positive (0x08, 2^-6, to 0x7E, 448)
 TABLE_WORDS = 8  # an entry: the seven paired thresholds and a word of padding (32 bytes, two 16-byte loads)
-# Not yet timed, so 0 (none): quantize_tokens' paired configurations without an activation bring x's blocks into
-# shared memory by bulk copies this many grid strides ahead (TokenQuantizerConfig.bulk_stages;
-# scripts/quantizer_bench.py --bulk), on as many CTAs an SM as its registers (48 a thread, as the paired kernel's)
-# and shared memory hold (`bulk_ctas_per_sm`)
-BULK_STAGES = 0
-SHARED_MEMORY_PER_SM = 228 * 1024  # sm_90's and sm_100's, of which each CTA also takes 1 KB
-STAGE_BYTES = THREADS * 32  # a bulk stage: a CTA's blocks of one grid stride (its threads' 32 bytes each)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
 K_MULTIPLE = 64  # a row's scale bytes fill whole words: the padding words never share one with a token's byte
 NO_SCALE, ONE_SCALE, PER_EXPERT = 0, 1, 2  # the decode scale: none, one value, one per expert
@@ -278,48 +271,34 @@ class TokenQuantizerConfig:
     its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32.
     `threshold_table` (paired, one decode scale or none): a block's seven paired thresholds are a function of its
     scale byte alone, so each CTA computes them once for every byte into shared memory (`fill_threshold_table`)
-    and a block reads its entry (two 16-byte loads) where it computed them (about 40 instructions).
-    `bulk_stages` > 0 (paired, without an activation): a CTA's blocks of one grid stride are 8 contiguous KB of x,
-    so one thread brings them into a shared-memory stage by one bulk copy, that many strides ahead (a ring of
-    stages, each with a full and an empty mbarrier), and each thread reads its block from there: more of x's
-    bytes in flight than the loads a block ahead keep, with no register held for them."""
+    and a block reads its entry (two 16-byte loads) where it computed them (about 40 instructions)."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
     limit: bool = False
     paired: bool = False
     threshold_table: bool = False
-    bulk_stages: int = 0
 
     def __post_init__(self):
         if self.threshold_table and (not self.paired or self.scale_kind == PER_EXPERT):
             raise ValueError(f"{self.name}: the threshold table is for paired configurations of one decode scale "
                              "or none (a block's thresholds then follow from its scale byte alone)")
-        if self.bulk_stages and (self.activation or not self.paired or not 2 <= self.bulk_stages <= 8):
-            raise ValueError(f"{self.name}: bulk stages are for the paired configuration of x's own blocks (no "
-                             "activation), 2 to 8 of them")
 
     @property
     def name(self) -> str:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
                 + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
-                + ("-paired" if self.paired else "") + ("-table" if self.threshold_table else "")
-                + (f"-bulk{self.bulk_stages}" if self.bulk_stages else ""))
+                + ("-paired" if self.paired else "") + ("-table" if self.threshold_table else ""))
 
 
 def shared_storage(config: TokenQuantizerConfig):
     """The kernel's shared memory for `config`: the groups' end rows and first scale rows; the threshold table
-    where it has one; the bulk stages and their full and empty mbarriers where it has them."""
+    where it has one."""
     fields = {"ends": cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1],
               "scale_rows": cute.struct.MemRange[cutlass.Int32, MAX_EXPERTS + 1]}
     if config.threshold_table:
         fields["thresholds"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, TABLE_BYTES * TABLE_WORDS], 32]
-    if config.bulk_stages:
-        fields["stages"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, config.bulk_stages * STAGE_BYTES],
-                                             128]
-        fields["full"] = cute.struct.MemRange[cutlass.Int64, config.bulk_stages]
-        fields["empty"] = cute.struct.MemRange[cutlass.Int64, config.bulk_stages]
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
 
@@ -362,23 +341,12 @@ class TokenQuantizer:
         tidx, _, _ = cute.arch.thread_idx()
         block, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        bulk = self.config.bulk_stages
         # paired, without an activation: each block's two loads are issued one block ahead (`ahead`), so that a
-        # thread has a load in flight while it converts; the first before the groups are found (it needs none).
-        # With bulk stages the blocks come by bulk copies instead (`bulk_fill`), the ring's barriers made here.
+        # thread has a load in flight while it converts; the first before the groups are found (it needs none)
         ahead = cute.make_rmem_tensor((8,), cutlass.Uint32) if cutlass.const_expr(self.config.paired) else None
-        if cutlass.const_expr(self.config.paired and not self.config.activation and not bulk):
+        if cutlass.const_expr(self.config.paired and not self.config.activation):
             if block * THREADS + tidx < tokens * (k // SF_VEC_SIZE):
                 cute.autovec_copy(token_words(x, block * THREADS + tidx), ahead)
-        stages, full, empty = None, None, None
-        if cutlass.const_expr(bulk):
-            stages, full, empty = (storage.stages.data_ptr().toint(), storage.full.data_ptr().toint(),
-                                   storage.empty.data_ptr().toint())
-            if tidx == 0:
-                for s in cutlass.range_constexpr(bulk):
-                    mbarrier_init(full + 8 * s, 1)  # the filling thread's arrive, then the copy's bytes
-                    mbarrier_init(empty + 8 * s, THREADS)  # every thread, once it has read its block
-                mbarrier_init_fence()
         decode = cutlass.Float32(1.0)  # a paired configuration's one decode scale, read once
         table = None
         if cutlass.const_expr(self.config.threshold_table):
@@ -396,11 +364,6 @@ class TokenQuantizer:
         work = token_blocks + rows * words_per_row
         stride = grid * THREADS
         first = block * THREADS + tidx
-        if cutlass.const_expr(bulk):
-            if tidx == 0:  # the ring's first fills: the CTA's first `bulk` strides
-                for s in cutlass.range_constexpr(bulk):
-                    bulk_fill(x, stages, full, s, first + s * stride, token_blocks)
-        step = cutlass.Int32(0)  # the loop's iteration: a bulk stage's index and phase
         # a thread's token blocks come in row order: each one's row, column and group follow from the one
         # before (no division or search per block; ends[E] is past every row)
         row = first // blocks_per_row
@@ -417,18 +380,7 @@ class TokenQuantizer:
                     group += 1
                 if cutlass.const_expr(self.config.paired):
                     words = cute.make_rmem_tensor((8,), cutlass.Uint32)
-                    if cutlass.const_expr(bulk):
-                        stage, phase = step % bulk, (step // bulk) % 2
-                        mbarrier_wait(full + 8 * stage, phase)
-                        cute.autovec_copy(stage_words(stages, stage, tidx), words)
-                        mbarrier_arrive(empty + 8 * stage)
-                        if tidx == 0:  # this stage refilled, `bulk` strides on, once every thread has read it
-                            later = item + bulk * stride
-                            if later < token_blocks:
-                                mbarrier_wait(empty + 8 * stage, phase)
-                                fence_proxy_async_shared()
-                                bulk_fill(x, stages, full, stage, later, token_blocks)
-                    elif cutlass.const_expr(not self.config.activation):
+                    if cutlass.const_expr(not self.config.activation):
                         words.store(ahead.load())
                         if item + stride < token_blocks:
                             cute.autovec_copy(token_words(x, item + stride), ahead)
@@ -443,7 +395,6 @@ class TokenQuantizer:
                                     column, group, blocks_per_row, swiglu, words, table)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
-            step += 1
             row += step_rows
             column += step_columns
             if column >= blocks_per_row:
@@ -619,56 +570,6 @@ def token_words(x, item):
     return global_words(x.iterator.toint() + cutlass.Int64(item) * 32, 8, 16)
 
 
-# The bulk stages' ring (TokenQuantizerConfig.bulk_stages): mbarriers in shared memory, by their 32-bit addresses
-def mbarrier_init(address, count: int) -> None:
-    moe_tables.inline_ptx_memory(None, [cutlass.Int32(address)], f"mbarrier.init.shared::cta.b64 [$0], {count};",
-                                 "r")
-
-
-def mbarrier_init_fence() -> None:
-    """The barriers' initialization visible to the bulk copies (the async proxy) and the CTA's other threads
-    (which wait on them only after the CTA's synchronization)."""
-    moe_tables.inline_ptx_memory(None, [], "fence.mbarrier_init.release.cluster;", "")
-
-
-def mbarrier_wait(address, phase) -> None:
-    """Until the barrier's phase of parity `phase` completes (try_wait in a loop; acquire: what it orders is
-    visible after)."""
-    moe_tables.inline_ptx_memory(None, [cutlass.Int32(address), cutlass.Int32(phase)],
-                                 "{\n\t.reg .pred p;\n\tWAIT:\n\t"
-                                 "mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n\t@!p bra WAIT;\n\t}", "r,r")
-
-
-def mbarrier_arrive(address) -> None:
-    """This thread's arrival (release: its reads of the stage are done before it counts)."""
-    moe_tables.inline_ptx_memory(None, [cutlass.Int32(address)], "mbarrier.arrive.shared::cta.b64 _, [$0];", "r")
-
-
-def fence_proxy_async_shared() -> None:
-    """The stage's reads (generic proxy) ordered before the bulk copy that writes it again (async proxy)."""
-    moe_tables.inline_ptx_memory(None, [], "fence.proxy.async.shared::cta;", "")
-
-
-@cute.jit
-def bulk_fill(x, stages, full, stage, base, token_blocks) -> None:
-    """Bulk stage `stage`: the CTA's blocks `base` .. of one grid stride (fewer past the last block; none from
-    it on) by one bulk copy that completes on the stage's full barrier, which this thread arms with the bytes."""
-    if base < token_blocks:
-        count = token_blocks - base
-        if count > THREADS:
-            count = THREADS
-        moe_tables.inline_ptx_memory(
-            None, [cutlass.Int32(full + 8 * stage), cutlass.Int32(stages + stage * STAGE_BYTES),
-                   cutlass.Int64(x.iterator.toint() + cutlass.Int64(base) * 32), cutlass.Int32(count * 32)],
-            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $3;\n\t"
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$2], $3, [$0];", "r,r,l,r")
-
-
-def stage_words(stages, stage, tidx):
-    """This thread's block in bulk stage `stage`: its 8 words (two 16-byte shared loads)."""
-    return shared_words(stages + (stage * THREADS + tidx) * 32, 8, 32)
-
-
 @cute.jit
 def swiglu_value(gate, up, alpha, beta, limit, clamped: cutlass.Constexpr[bool], fp16: cutlass.Constexpr[bool]):
     """`mlp.swiglu` of one (gate, up) pair as torch's ops compute it, each op rounded to fp32 on its own (explicit
@@ -724,7 +625,7 @@ class QuantizerLaunch:
         self.launch()
 
 
-# (dtype, scale kind, swiglu options, paired, threshold table, bulk stages, device index, stream) -> its launch
+# (dtype, scale kind, swiglu options, paired, threshold table, device index, stream) -> its launch
 _launches = {}
 
 
@@ -757,31 +658,16 @@ def f32_as_int32(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
-@functools.lru_cache(maxsize=None)
-def bulk_shared_bytes(bulk: int, table: bool) -> int:
-    """A CTA's shared memory in the paired kernel with `bulk` stages (and a threshold table)."""
-    return shared_storage(TokenQuantizerConfig(paired=True, threshold_table=table, bulk_stages=bulk)).size_in_bytes()
-
-
-def bulk_ctas_per_sm(bulk: int, table: bool) -> int:
-    """CTAs an SM holds of the paired kernel with `bulk` stages (and a threshold table): as many as the paired
-    kernel's registers allow, fewer where their shared memory is more than an SM's."""
-    return min(PAIRED_CTAS_PER_SM, SHARED_MEMORY_PER_SM // (bulk_shared_bytes(bulk, table) + 1024))
-
-
 def configuration_label() -> str:
-    """What `quantize_tokens` compiles for x's own blocks, in words: the settings `PAIRED`, `THRESHOLD_TABLE`
-    (where a decode scale is one value or none) and `BULK_STAGES`."""
+    """What `quantize_tokens` compiles for x's own blocks, in words: the settings `PAIRED` and `THRESHOLD_TABLE`
+    (where a decode scale is one value or none)."""
     if not PAIRED:
         return "value by value"
-    return ("paired" + (", threshold table" if THRESHOLD_TABLE else "")
-            + (f", {BULK_STAGES} bulk stages" if BULK_STAGES else ""))
+    return "paired" + (", threshold table" if THRESHOLD_TABLE else "")
 
 
-def grid_per_sm(swiglu: bool, table: bool = False, bulk: int = 0) -> int:
-    """The grid's CTAs an SM at most, for the configurations `PAIRED`, `THRESHOLD_TABLE` and `BULK_STAGES` pick."""
-    if bulk:
-        return bulk_ctas_per_sm(bulk, table)
+def grid_per_sm(swiglu: bool, table: bool = False) -> int:
+    """The grid's CTAs an SM at most, for the configurations `PAIRED` and `THRESHOLD_TABLE` pick."""
     if table:
         return TABLE_CTAS_PER_SM
     if not PAIRED:
@@ -805,14 +691,12 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
         table = THRESHOLD_TABLE and PAIRED and kind != PER_EXPERT
-        bulk = BULK_STAGES if PAIRED and not swiglu else 0
-        key = (x.dtype, kind, swiglu, PAIRED, table, bulk, index, stream)
+        key = (x.dtype, kind, swiglu, PAIRED, table, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None, paired=PAIRED, threshold_table=table,
-                                          bulk_stages=bulk)
+                                          limit=limit is not None, paired=PAIRED, threshold_table=table)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (
@@ -822,8 +706,7 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
             global_scale is not None) else None
         # ARGUMENTS' order: ptr_x, ptr_offs, ptr_packed, ptr_scales, ptr_global, tokens, k, experts, rows, ctas,
         # alpha_bits, beta_bits, limit_bits
-        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, table, bulk)
-                   * submission.sm_count(index))
+        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, table) * submission.sm_count(index))
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows, ctas) + entry.options
         if index == torch.cuda.current_device():

@@ -4,12 +4,11 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--table] [--bulk 3,4] [--swiglu]
+                                      [--paired-ctas 4,5,6] [--table] [--swiglu]
 
 --paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --table the paired
-kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`);
---bulk the paired kernel bringing x's blocks by bulk copies into that many shared-memory stages (`BULK_STAGES`;
-with --table, also with the table). The decode scale is one value (0.37). --swiglu times the kernels that
+kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`).
+The decode scale is one value (0.37). --swiglu times the kernels that
 quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). Without a Hopper or B200
 GPU it prints what it would move and exits."""
 import argparse
@@ -48,12 +47,8 @@ def main(argv=None) -> int:
     parser.add_argument("--paired-ctas", type=comma_ints(1), default=[],
                         help="comma-separated CTAs an SM for the paired kernel")
     parser.add_argument("--table", action="store_true", help="also the paired kernel with a threshold table")
-    parser.add_argument("--bulk", type=comma_ints(2), default=[],
-                        help="comma-separated bulk stage counts for the paired kernel (2 to 8)")
     parser.add_argument("--swiglu", action="store_true", help="quantize SwiGLU of a (T, 2K) h instead of x")
     options = parser.parse_args(argv)
-    if any(n > 8 for n in options.bulk) or (options.bulk and options.swiglu):
-        parser.error("--bulk: 2 to 8 stages, for x's own blocks (not with --swiglu)")
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
     from nvfp4_group_gemm.mlp_report import graph_us
@@ -70,18 +65,15 @@ def main(argv=None) -> int:
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
     # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; whether it reads a
-    # threshold table; its bulk stages)
+    # threshold table)
     paired_per_sm = tq.PAIRED_SWIGLU_CTAS_PER_SM if options.swiglu else tq.PAIRED_CTAS_PER_SM
-    settings = [("value by value", None, False, 0), ("paired", paired_per_sm, False, 0)]
-    settings += [(f"paired, {n} CTAs an SM", n, False, 0) for n in options.paired_ctas]
+    settings = [("value by value", None, False), ("paired", paired_per_sm, False)]
+    settings += [(f"paired, {n} CTAs an SM", n, False) for n in options.paired_ctas]
     if options.table:
-        settings.append((f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM", paired_per_sm, True, 0))
-    for table in (False, True) if options.table else (False,):
-        settings += [(f"paired, {n} bulk stages{', threshold table' if table else ''}, "
-                      f"{tq.bulk_ctas_per_sm(n, table)} CTAs an SM", paired_per_sm, table, n) for n in options.bulk]
+        settings.append((f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM", paired_per_sm, True))
 
-    def run(per_sm, table, bulk):
-        tq.PAIRED, tq.THRESHOLD_TABLE, tq.BULK_STAGES = per_sm is not None, table, bulk
+    def run(per_sm, table):
+        tq.PAIRED, tq.THRESHOLD_TABLE = per_sm is not None, table
         if tq.PAIRED and options.swiglu:
             tq.PAIRED_SWIGLU_CTAS_PER_SM = per_sm
         elif tq.PAIRED:
@@ -89,7 +81,7 @@ def main(argv=None) -> int:
         if options.swiglu:
             return mlp.swiglu_quantized(x, offs, scale)
         return mlp.quantize_tokens_device(x, offs, scale)
-    want = [t.view(torch.uint8) for t in run(None, False, 0)]
+    want = [t.view(torch.uint8) for t in run(None, False)]
     failed = False
     for label, *setting in settings[1:]:
         same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(*setting), want))

@@ -723,14 +723,10 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
 # token_quantizer.PAIRED and THRESHOLD_TABLE (which takes one decode scale or none)
 QUANTIZER_CONFIGURATIONS = {"value by value": (False, False), "paired": (True, False),
                             "paired, threshold table": (True, True)}
-# the same and BULK_STAGES (x's own blocks: no activation)
-TOKEN_QUANTIZER_CONFIGURATIONS = {**{name: (*c, 0) for name, c in QUANTIZER_CONFIGURATIONS.items()},
-                                  "paired, bulk stages": (True, False, 3),
-                                  "paired, bulk stages, threshold table": (True, True, 4)}
 
 
 @needs_hopper_or_b200
-@pytest.mark.parametrize("configuration", TOKEN_QUANTIZER_CONFIGURATIONS)
+@pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 @pytest.mark.parametrize("scale", [None, "one", "per expert"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("sizes", [(300,), (0, 129, 0, 7, 260, 1), (0, 0, 0), (5, 0, 64), (1,) * 40],
@@ -738,14 +734,13 @@ TOKEN_QUANTIZER_CONFIGURATIONS = {**{name: (*c, 0) for name, c in QUANTIZER_CONF
 def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, configuration,
                                                                     monkeypatch):
     """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in each configuration
-    (token_quantizer.PAIRED, THRESHOLD_TABLE, BULK_STAGES): the same packed codes and the same blocked scale bytes
+    (token_quantizer.PAIRED, THRESHOLD_TABLE): the same packed codes and the same blocked scale bytes
     (padding zero) as the torch composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of
     tiny values and on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    paired, table, bulk = TOKEN_QUANTIZER_CONFIGURATIONS[configuration]
+    paired, table = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
-    monkeypatch.setattr(token_quantizer, "BULK_STAGES", bulk)
     gen = torch.Generator().manual_seed(len(sizes))
     tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
     x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
@@ -766,17 +761,15 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
 
 
 @needs_hopper_or_b200
-@pytest.mark.parametrize("configuration", TOKEN_QUANTIZER_CONFIGURATIONS)
+@pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 def test_the_token_quantizer_on_a_small_grid_takes_many_blocks_a_thread(configuration, monkeypatch):
     """The grid as on a GPU of one SM (a few CTAs), so that each thread quantizes many blocks in turn (its loads
-    a block ahead, in the paired configuration, and past the last block not; with bulk stages, each stage filled
-    again and again, its barriers' phases turning): the same bytes as the torch composition (per-expert decode
+    a block ahead, in the paired configuration, and past the last block not): the same bytes as the torch composition (per-expert decode
     scales; one with the threshold table)."""
     from nvfp4_group_gemm import mlp, submission, token_quantizer
-    paired, table, bulk = TOKEN_QUANTIZER_CONFIGURATIONS[configuration]
+    paired, table = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
-    monkeypatch.setattr(token_quantizer, "BULK_STAGES", bulk)
     monkeypatch.setattr(submission, "sm_count", lambda index: 1)
     gen = torch.Generator().manual_seed(3)
     sizes = (700, 0, 333, 1024, 17)

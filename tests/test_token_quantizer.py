@@ -22,13 +22,10 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
-# not yet timed: the threshold table (one decode scale, and SwiGLU's halves with it); the bulk stages (and with
-# the table)
+# the threshold table (one decode scale, and SwiGLU's halves with it)
 for config in (tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True),
                tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, activation="halves", paired=True,
-                                       threshold_table=True),
-               tq.TokenQuantizerConfig(paired=True, bulk_stages=3),
-               tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True, bulk_stages=4)):
+                                       threshold_table=True)):
     out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
@@ -50,8 +47,7 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
     assert set(kernels) == names | {name + "-paired" for name in names} | {
-        "quantize-tokens-bf16-scale-paired-table", "quantize-tokens-bf16-scale-swiglu-halves-paired-table",
-        "quantize-tokens-bf16-paired-bulk3", "quantize-tokens-bf16-scale-paired-table-bulk4"}
+        "quantize-tokens-bf16-scale-paired-table", "quantize-tokens-bf16-scale-swiglu-halves-paired-table"}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
@@ -98,27 +94,16 @@ def check_paired_ptx(name: str, ptx: str, count, scaled: bool, swiglu: bool) -> 
     tokens' type (fp16: cvt.rp); 8 words' codes, three packed compares and four lop3 selects each; the division
     kept for a scale that is not positive and finite, as in the configuration that goes value by value. With a
     threshold table the thresholds are computed once, each thread of the last four warps an entry (seven words
-    stored), and a block reads its entry with two 16-byte shared loads. With bulk stages x's blocks come by bulk
-    copies (the ring's first fills, then one refill a block, by one thread) into shared memory, each stage with
-    a full and an empty mbarrier, and a block's words by two 16-byte shared loads; no global load of x."""
+    stored), and a block reads its entry with two 16-byte shared loads."""
     fp16 = "fp16" in name
     table = "-table" in name
-    bulk = int(re.search(r"-bulk(\d)", name).group(1)) if "-bulk" in name else 0
-    assert count(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes") == (bulk + 1 if bulk
-                                                                                                 else 0), name
-    assert count(r"mbarrier\.arrive\.expect_tx\.shared::cta\.b64") == (bulk + 1 if bulk else 0), name
-    assert count(r"mbarrier\.init\.shared::cta\.b64") == 2 * bulk, name
-    assert count(r"fence\.mbarrier_init") == count(r"fence\.proxy\.async\.shared::cta") == (1 if bulk else 0), name
-    # the waits: a stage's data, and (the refilling thread) its readers; the readers' one arrive
-    assert count(r"mbarrier\.try_wait\.parity\.shared::cta\.b64") == (2 if bulk else 0), name
-    assert count(r"mbarrier\.arrive\.shared::cta\.b64") == (1 if bulk else 0), name
-    assert count(r"ld\.shared\.v4\.(?:u32|b32)") == 2 * table + 2 * bool(bulk), name
+    assert count(r"ld\.shared\.v4\.(?:u32|b32)") == 2 * table, name
     assert count(r"st\.shared\.(?:u32|b32)\s") + 2 * count(r"st\.shared\.v2\.(?:u32|b32)") + 4 * count(
         r"st\.shared\.v4\.(?:u32|b32)") == 4 + 7 * table, name  # the groups' four words
     kind = "f16x2" if fp16 else "bf16x2"
     # SwiGLU: its gate and up (32 values, four loads), each pair's sigmoid by libdevice's expf and a
     # reciprocal, rounded to the tokens' type and packed two to a word
-    assert count(r"ld\.global\.v4\.(?:u32|b32)") == (0 if bulk else 4), name
+    assert count(r"ld\.global\.v4\.(?:u32|b32)") == 4, name
     assert count(r"ex2\.approx\.ftz\.f32") == count(r"rcp\.rn\.f32") == (16 if swiglu else 0), name
     assert count(r"cvt\.rn\.bf16\.f32") == count(r"cvt\.rn\.bf16x2\.f32") * 2 == (16 if swiglu else 0), name
     # the codes: one 8-byte store (two words, or one 64-bit value where a release merges them)
@@ -264,46 +249,14 @@ def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_
             tq.TokenQuantizerConfig(threshold_table=True, **config)
 
 
-def test_bulk_stages_are_a_configuration_of_their_own_for_xs_own_blocks(monkeypatch):
-    """token_quantizer.BULK_STAGES (0, off, until timed) makes the paired configurations without an activation
-    bring x's blocks by bulk copies into that many shared-memory stages (a kernel of its own, "-bulk4", on as many
-    CTAs an SM as the registers and the stages' shared memory hold); SwiGLU's and the value-by-value kernels keep
-    theirs, and bulk stages are refused where a block is not 32 contiguous bytes of x."""
-    import torch
-    from nvfp4_group_gemm import token_quantizer as tq
-    compiled, launched = recording_launches(monkeypatch)
-    assert tq.BULK_STAGES == 0  # not yet timed: off
-    x = torch.empty(4096, 7168, dtype=torch.bfloat16)
-    offs = torch.tensor([2048, 4096], dtype=torch.int32)
-    monkeypatch.setattr(tq, "BULK_STAGES", 4)
-    for scale in (None, torch.ones(1), torch.ones(2)):
-        tq.quantize_tokens(x, offs, scale, 4096)
-        assert compiled[-1].bulk_stages == 4 and compiled[-1].name.endswith("-paired-bulk4"), compiled[-1].name
-        assert launched[-1]["ctas"] == tq.bulk_ctas_per_sm(4, False) * 132 == 5 * 132
-    # six stages (57.6 KB of shared memory a CTA): three CTAs an SM
-    monkeypatch.setattr(tq, "BULK_STAGES", 6)
-    tq.quantize_tokens(x, offs, None, 4096)
-    assert compiled[-1].bulk_stages == 6 and launched[-1]["ctas"] == 3 * 132
-    tq.quantize_tokens(torch.empty(4096, 2 * 7168, dtype=torch.bfloat16), offs, None, 4096,
-                       swiglu=("halves", 1.0, 0.0, None))  # SwiGLU's kernel as it was
-    assert compiled[-1].bulk_stages == 0 and launched[-1]["ctas"] == tq.PAIRED_SWIGLU_CTAS_PER_SM * 132
-    monkeypatch.setattr(tq, "PAIRED", False)
-    tq.quantize_tokens(x, offs, None, 4096)
-    assert compiled[-1].bulk_stages == 0 and launched[-1]["ctas"] == tq.CTAS_PER_SM * 132
-    for config in (dict(paired=False, bulk_stages=4), dict(paired=True, activation="halves", bulk_stages=4),
-                   dict(paired=True, bulk_stages=1), dict(paired=True, bulk_stages=9)):
-        with pytest.raises(ValueError, match="bulk stages are for the paired configuration of x's own blocks"):
-            tq.TokenQuantizerConfig(**config)
-
-
 def test_the_configuration_label_names_the_settings(monkeypatch):
     """eval.py mlp prints which quantizer it timed: token_quantizer.configuration_label, from PAIRED,
-    THRESHOLD_TABLE and BULK_STAGES."""
+    THRESHOLD_TABLE."""
     from nvfp4_group_gemm import token_quantizer as tq
-    assert tq.configuration_label() == "paired"  # the defaults
+    monkeypatch.setattr(tq, "THRESHOLD_TABLE", False)
+    assert tq.configuration_label() == "paired"
     monkeypatch.setattr(tq, "THRESHOLD_TABLE", True)
-    monkeypatch.setattr(tq, "BULK_STAGES", 4)
-    assert tq.configuration_label() == "paired, threshold table, 4 bulk stages"
+    assert tq.configuration_label() == "paired, threshold table"
     monkeypatch.setattr(tq, "PAIRED", False)
     assert tq.configuration_label() == "value by value"
 
