@@ -23,7 +23,8 @@ and architecture (sm_90a, sm_100a); K a multiple of 64 (whole 4-byte scale words
 The kernel `quantize_tokens` launches is a paired configuration (`TokenQuantizerConfig.paired`, while `PAIRED`
 is set, the default): the same on 32-bit words of two tokens, the amax by bf16x2 / f16x2 maxes, the codes by
 packed compares against the thresholds rounded up to the tokens' type (`PAIR_CODE_PTX`), each block's loads
-issued one block ahead: the same bytes, faster (docs/moe.md). `PAIRED` False launches the value-by-value one."""
+issued one block ahead: the same bytes, faster (docs/moe.md); with one decode scale or none, its thresholds read
+from a table each CTA fills once (`THRESHOLD_TABLE`). `PAIRED` False launches the value-by-value one."""
 import dataclasses
 import functools
 import struct
@@ -41,10 +42,10 @@ CTAS_PER_SM = 8  # the grid: at most this many per SM (grid-stride beyond)
 # the same for a paired configuration, as many as fit an SM (47-48 registers a thread; with SwiGLU 53-55)
 PAIRED_CTAS_PER_SM, PAIRED_SWIGLU_CTAS_PER_SM = 5, 4
 PAIRED = True  # whether `quantize_tokens` compiles paired configurations (TokenQuantizerConfig.paired)
-# Not yet timed, so False: quantize_tokens' paired configurations of one decode scale (or none) read a block's
-# thresholds from a table in shared memory instead of computing them (TokenQuantizerConfig.threshold_table;
-# scripts/quantizer_bench.py --table)
-THRESHOLD_TABLE = False
+# quantize_tokens' paired configurations of one decode scale (or none) read a block's thresholds from a table in
+# shared memory instead of computing them (TokenQuantizerConfig.threshold_table): the same bytes, faster
+# (docs/moe.md; scripts/quantizer_bench.py --table times both)
+THRESHOLD_TABLE = True
 TABLE_CTAS_PER_SM = 4  # as many as fit: 59 registers a thread with one decode scale (ptxas of CUDA 13, sm_90a)
 TABLE_BYTES = 128  # the E4M3 bytes a block's scale can be: positive (0x08, 2^-6, to 0x7E, 448)
 TABLE_WORDS = 8  # an entry: the seven paired thresholds and a word of padding (32 bytes, two 16-byte loads)

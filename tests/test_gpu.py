@@ -764,8 +764,8 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
 @pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 def test_the_token_quantizer_on_a_small_grid_takes_many_blocks_a_thread(configuration, monkeypatch):
     """The grid as on a GPU of one SM (a few CTAs), so that each thread quantizes many blocks in turn (its loads
-    a block ahead, in the paired configuration, and past the last block not): the same bytes as the torch composition (per-expert decode
-    scales; one with the threshold table)."""
+    a block ahead, in the paired configuration, and past the last block not): the same bytes as the torch
+    composition (per-expert decode scales; one with the threshold table)."""
     from nvfp4_group_gemm import mlp, submission, token_quantizer
     paired, table = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)

@@ -211,6 +211,7 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
     from nvfp4_group_gemm import token_quantizer as tq
     compiled, launched = recording_launches(monkeypatch)
     assert tq.PAIRED  # the default: the same bytes, faster (docs/moe.md)
+    monkeypatch.setattr(tq, "THRESHOLD_TABLE", False)  # its own test, below
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)  # 1.8 M blocks: more than any grid's threads
     offs = torch.tensor([4096], dtype=torch.int32)
     swiglu = ("halves", 1.0, 0.0, None)
@@ -224,17 +225,16 @@ def test_a_paired_configuration_is_compiled_and_launched_on_its_own_grid(monkeyp
 
 
 def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_or_none(monkeypatch):
-    """token_quantizer.THRESHOLD_TABLE (off until timed) makes the paired configurations of one decode scale or
+    """token_quantizer.THRESHOLD_TABLE (the default) makes the paired configurations of one decode scale or
     none read their thresholds from a table (a kernel of its own, "-table", on TABLE_CTAS_PER_SM CTAs an SM);
     per-expert scales keep the kernel they had, and a table is refused where a block's thresholds depend on more
     than its scale byte."""
     import torch
     from nvfp4_group_gemm import token_quantizer as tq
     compiled, launched = recording_launches(monkeypatch)
-    assert not tq.THRESHOLD_TABLE  # not yet timed: off
+    assert tq.THRESHOLD_TABLE  # the default: the same bytes, faster (docs/moe.md)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
     offs = torch.tensor([2048, 4096], dtype=torch.int32)
-    monkeypatch.setattr(tq, "THRESHOLD_TABLE", True)
     for scale in (None, torch.ones(1)):
         tq.quantize_tokens(x, offs, scale, 4096)
         assert compiled[-1].threshold_table and compiled[-1].name.endswith("-paired-table"), compiled[-1].name
