@@ -317,6 +317,19 @@ def comma_ints(minimum: int):
     return parse
 
 
+def int_between(low: int, high: int):
+    """An argparse type for one integer from `low` to `high`: anything else refused by argparse, the option named."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer from {low} to {high}")
+        return value
+    return parse
+
+
 def edit_distance(a: str, b: str) -> int:
     """Insertions, deletions, substitutions and swaps of neighbours ("tsets" is one from "tests")."""
     rows = [list(range(len(b) + 1))] + [[i] + [0] * len(b) for i in range(1, len(a) + 1)]

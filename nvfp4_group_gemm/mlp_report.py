@@ -119,15 +119,17 @@ def event_us(fn, calls: int = CALLS) -> float:
     return 1000 * start.elapsed_time(end) / calls
 
 
-def graph_us(fn, calls: int = CALLS) -> float:
-    """Mean us of `fn` replayed from a CUDA graph captured after a warm-up call."""
+def graph_us(fn, calls: int = CALLS, per_graph: int = 1) -> float:
+    """Mean us of `fn` replayed from a CUDA graph captured after a warm-up call; with `per_graph` > 1 the graph
+    holds that many calls back to back (the gap between replays then counts once for them all), per call."""
     import torch
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return event_us(graph.replay, calls)
+        for _ in range(per_graph):
+            fn()
+    return event_us(graph.replay, calls) / per_graph
 
 
 def command_mlp(options) -> int:

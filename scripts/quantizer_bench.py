@@ -4,12 +4,14 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--table] [--swiglu]
+                                      [--paired-ctas 4,5,6] [--table] [--swiglu] [--graph-calls 1]
 
 --paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --table the paired
 kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`).
 The decode scale is one value (0.37). --swiglu times the kernels that
-quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). Without a Hopper or B200
+quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). --graph-calls N: each
+graph holds N calls back to back, as kernels follow each other in a model's graph (the time per call then
+counts the gap between graph replays once for N calls). Without a Hopper or B200
 GPU it prints what it would move and exits."""
 import argparse
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nvfp4_group_gemm.cli import comma_ints  # noqa: E402
+from nvfp4_group_gemm.cli import comma_ints, int_between  # noqa: E402
 
 
 def moved_bytes(tokens: int, k: int, experts: int, swiglu: bool = False) -> int:
@@ -48,6 +50,8 @@ def main(argv=None) -> int:
                         help="comma-separated CTAs an SM for the paired kernel")
     parser.add_argument("--table", action="store_true", help="also the paired kernel with a threshold table")
     parser.add_argument("--swiglu", action="store_true", help="quantize SwiGLU of a (T, 2K) h instead of x")
+    parser.add_argument("--graph-calls", type=int_between(1, 64), default=1, metavar="N",
+                        help="calls back to back in each replayed graph (1 to 64; default 1)")
     options = parser.parse_args(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
@@ -89,9 +93,11 @@ def main(argv=None) -> int:
         print(f"  {label}: {'the same bytes' if same else 'DIFFERENT BYTES'} as value by value")
     for round_ in range(options.rounds):
         for label, *setting in settings:
-            us = graph_us(lambda: run(*setting))
+            us = graph_us(lambda: run(*setting), per_graph=options.graph_calls)
             share = f", {100 * moved / us * 1e6 / card.bytes_per_s:.1f} % of the {card.name}'s HBM" if card else ""
-            print(f"  round {round_ + 1}, {label}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}", flush=True)
+            per_graph = f" ({options.graph_calls} calls a graph)" if options.graph_calls > 1 else ""
+            print(f"  round {round_ + 1}, {label}{per_graph}: {us:7.2f} us, {moved / us / 1e3:6.0f} GB/s{share}",
+                  flush=True)
     return 1 if failed else 0
 
 

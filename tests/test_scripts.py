@@ -408,6 +408,19 @@ def test_quantizer_bench_says_what_it_moves_and_times_nothing_without_a_gpu():
         assert refused.returncode == 2 and f"argument {option}: {bad!r}: expected integers of at least 1" in (
             refused.stderr), refused.stderr
         assert "MB read and written" not in refused.stdout
+    for bad in ("0", "65", "x"):  # --graph-calls: one integer, 1 to 64
+        refused = subprocess.run([sys.executable, "scripts/quantizer_bench.py", "--graph-calls", bad], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2 and f"argument --graph-calls: {bad!r}: expected an integer from 1 to 64" in (
+            refused.stderr), refused.stderr
+
+
+def test_int_between_reads_one_integer_in_its_range_and_refuses_the_rest():
+    from nvfp4_group_gemm.cli import int_between
+    assert int_between(1, 64)("1") == 1 and int_between(1, 64)("64") == 64
+    for bad in ("0", "65", "2.5", "", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected an integer from 1 to 64"):
+            int_between(1, 64)(bad)
 
 
 def test_comma_ints_reads_a_list_and_refuses_what_is_not_one():
