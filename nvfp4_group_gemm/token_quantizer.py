@@ -47,6 +47,9 @@ PAIRED = True  # whether `quantize_tokens` compiles paired configurations (Token
 # (docs/moe.md; scripts/quantizer_bench.py --table times both)
 THRESHOLD_TABLE = True
 TABLE_CTAS_PER_SM = 4  # as many as fit: 59 registers a thread with one decode scale (ptxas of CUDA 13, sm_90a)
+# Not yet timed, so False: quantize_tokens' configurations keep a thread's group in registers and issue the next
+# block's loads unconditionally (TokenQuantizerConfig.lean_loop; scripts/quantizer_bench.py --lean)
+LEAN_LOOP = False
 TABLE_BYTES = 128  # the E4M3 bytes a block's scale can be: positive (0x08, 2^-6, to 0x7E, 448)
 TABLE_WORDS = 8  # an entry: the seven paired thresholds and a word of padding (32 bytes, two 16-byte loads)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
@@ -272,13 +275,20 @@ class TokenQuantizerConfig:
     its loads issued a block ahead, the one decode scale read once, instead of value by value in fp32.
     `threshold_table` (paired, one decode scale or none): a block's seven paired thresholds are a function of its
     scale byte alone, so each CTA computes them once for every byte into shared memory (`fill_threshold_table`)
-    and a block reads its entry (two 16-byte loads) where it computed them (about 40 instructions)."""
+    and a block reads its entry (two 16-byte loads) where it computed them (about 40 instructions).
+    `lean_loop`: a thread's group's end row and the shift from a row to its scale row stay in registers, looked
+    up in shared memory again only where a block's row is past that end (each block looked up its group's end,
+    first row and P_g), and a paired configuration issues the next block's loads whether there is one or not (the
+    last block again past the end), so that no branch keeps its words apart from where the next block reads them
+    (in the SASS of the bf16 threshold-table kernel of one decode scale, ptxas of CUDA 13, sm_90a: a block's
+    common path from about 257 instructions to about 241, 59 registers to 57)."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
     limit: bool = False
     paired: bool = False
     threshold_table: bool = False
+    lean_loop: bool = False
 
     def __post_init__(self):
         if self.threshold_table and (not self.paired or self.scale_kind == PER_EXPERT):
@@ -290,7 +300,8 @@ class TokenQuantizerConfig:
         return ("quantize-tokens-" + ("fp16" if self.fp16 else "bf16")
                 + ("", "-scale", "-expert-scales")[self.scale_kind]
                 + (f"-swiglu-{self.activation}" + ("-limit" if self.limit else "") if self.activation else "")
-                + ("-paired" if self.paired else "") + ("-table" if self.threshold_table else ""))
+                + ("-paired" if self.paired else "") + ("-table" if self.threshold_table else "")
+                + ("-lean" if self.lean_loop else ""))
 
 
 def shared_storage(config: TokenQuantizerConfig):
@@ -366,24 +377,40 @@ class TokenQuantizer:
         stride = grid * THREADS
         first = block * THREADS + tidx
         # a thread's token blocks come in row order: each one's row, column and group follow from the one
-        # before (no division or search per block; ends[E] is past every row)
+        # before (no division or search per block; ends[E] is past every row); with a lean loop its group's end
+        # row and scale shift too, looked up again only where a block's row is past that end
+        lean = self.config.lean_loop
         row = first // blocks_per_row
         column = first - row * blocks_per_row
         step_rows = stride // blocks_per_row
         step_columns = stride - step_rows * blocks_per_row
         group = self.group_of(ends, experts, row)
+        group_end, scale_shift = cutlass.Int32(0), cutlass.Int32(0)
+        if cutlass.const_expr(lean):
+            group_end, scale_shift = ends[group], self.scale_shift(ends, scale_rows, group)
         if cutlass.const_expr(self.config.paired and self.config.scale_kind == ONE_SCALE
                               and not self.config.threshold_table):
             decode = global_scale[0]
         for item in cutlass.range(first, work, stride, unroll=1):
             if item < token_blocks:
-                while ends[group] <= row:
-                    group += 1
+                if cutlass.const_expr(lean):
+                    if row >= group_end:
+                        while ends[group] <= row:
+                            group += 1
+                        group_end, scale_shift = ends[group], self.scale_shift(ends, scale_rows, group)
+                else:
+                    while ends[group] <= row:
+                        group += 1
                 if cutlass.const_expr(self.config.paired):
                     words = cute.make_rmem_tensor((8,), cutlass.Uint32)
                     if cutlass.const_expr(not self.config.activation):
                         words.store(ahead.load())
-                        if item + stride < token_blocks:
+                        if cutlass.const_expr(lean):  # whatever the next block is (past the end: the last again)
+                            later = item + stride
+                            if later >= token_blocks:
+                                later = token_blocks - 1
+                            cute.autovec_copy(token_words(x, later), ahead)
+                        elif item + stride < token_blocks:
                             cute.autovec_copy(token_words(x, item + stride), ahead)
                     else:
                         values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
@@ -392,8 +419,8 @@ class TokenQuantizer:
                             words[i] = ptx(U32, [values[2 * i], values[2 * i + 1]], pair, "=r,f,f")
                 else:
                     words = None
-                self.quantize_block(x, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row,
-                                    column, group, blocks_per_row, swiglu, words, table)
+                self.quantize_block(x, packed, scales, global_scale, decode, ends, scale_rows, scale_shift, experts,
+                                    item, row, column, group, blocks_per_row, swiglu, words, table)
             else:
                 self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
             row += step_rows
@@ -434,13 +461,22 @@ class TokenQuantizer:
         return low
 
     @cute.jit
-    def quantize_block(self, x, packed, scales, global_scale, decode, ends, scale_rows, experts, item, row, column,
-                       group, blocks_per_row, swiglu, words, table):
+    def scale_shift(self, ends, scale_rows, group):
+        """What a row of group `group` adds to become its scale row: P_g less the group's first row."""
+        first = cutlass.Int32(0)
+        if group > 0:
+            first = ends[group - 1]
+        return scale_rows[group] - first
+
+    @cute.jit
+    def quantize_block(self, x, packed, scales, global_scale, decode, ends, scale_rows, scale_shift, experts, item,
+                       row, column, group, blocks_per_row, swiglu, words, table):
         """16 values of x (or of SwiGLU of x: `block_values`), block `item` (row `row`, column `column`, in
-        group `group`: E for a row past offs[-1]): their scale (to its blocked place, for a row of a group) and
-        their codes. A paired configuration has them as `words`, 8 words of the tokens' type (its amax and codes
-        two values at a time), and its one decode scale in `decode`, read before the loop; with a threshold
-        table (shared memory, `fill_threshold_table`), its thresholds from there."""
+        group `group`: E for a row past offs[-1]): their scale (to its blocked place, for a row of a group; with a
+        lean loop its scale row is `row` + `scale_shift`) and their codes. A paired configuration has them as
+        `words`, 8 words of the tokens' type (its amax and codes two values at a time), and its one decode scale in
+        `decode`, read before the loop; with a threshold table (shared memory, `fill_threshold_table`), its
+        thresholds from there."""
         fp16 = self.config.fp16
         if cutlass.const_expr(self.config.paired):
             amax = words_amax([magnitude(words[i]) for i in range(8)], fp16)
@@ -484,11 +520,14 @@ class TokenQuantizer:
                 pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
         cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
         if group < experts:
-            first = cutlass.Int32(0)
-            if group > 0:
-                first = ends[group - 1]
-            offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
-            scales[offset] = cutlass.Uint8(byte)
+            if cutlass.const_expr(self.config.lean_loop):
+                scales[blocked_offset(row + scale_shift, column, blocks_per_row)] = cutlass.Uint8(byte)
+            else:
+                first = cutlass.Int32(0)
+                if group > 0:
+                    first = ends[group - 1]
+                offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
+                scales[offset] = cutlass.Uint8(byte)
 
     @cute.jit
     def block_values(self, x, item, row, column, blocks_per_row, swiglu):
@@ -626,7 +665,7 @@ class QuantizerLaunch:
         self.launch()
 
 
-# (dtype, scale kind, swiglu options, paired, threshold table, device index, stream) -> its launch
+# (dtype, scale kind, swiglu options, paired, threshold table, lean loop, device index, stream) -> its launch
 _launches = {}
 
 
@@ -660,11 +699,12 @@ def f32_as_int32(value: float) -> int:
 
 
 def configuration_label() -> str:
-    """What `quantize_tokens` compiles for x's own blocks, in words: the settings `PAIRED` and `THRESHOLD_TABLE`
-    (where a decode scale is one value or none)."""
+    """What `quantize_tokens` compiles for x's own blocks, in words: the settings `PAIRED`, `THRESHOLD_TABLE`
+    (where a decode scale is one value or none) and `LEAN_LOOP`."""
+    lean = ", lean loop" if LEAN_LOOP else ""
     if not PAIRED:
-        return "value by value"
-    return "paired" + (", threshold table" if THRESHOLD_TABLE else "")
+        return "value by value" + lean
+    return "paired" + (", threshold table" if THRESHOLD_TABLE else "") + lean
 
 
 def grid_per_sm(swiglu: bool, table: bool = False) -> int:
@@ -692,12 +732,13 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
         index = moe.cuda_index(x)
         stream = submission.current_stream_handle(index)
         table = THRESHOLD_TABLE and PAIRED and kind != PER_EXPERT
-        key = (x.dtype, kind, swiglu, PAIRED, table, index, stream)
+        key = (x.dtype, kind, swiglu, PAIRED, table, LEAN_LOOP, index, stream)
         entry = _launches.get(key)
         if entry is None:
             layout, alpha, beta, limit = swiglu if swiglu else ("", 1.0, 0.0, None)
             config = TokenQuantizerConfig(fp16=x.dtype == torch.float16, scale_kind=kind, activation=layout,
-                                          limit=limit is not None, paired=PAIRED, threshold_table=table)
+                                          limit=limit is not None, paired=PAIRED, threshold_table=table,
+                                          lean_loop=LEAN_LOOP)
             with torch.cuda.device(index):
                 host = submission.HostFunction(compiled(config, submission.target_arch()), ARGUMENTS, index)
             entry = _launches.setdefault(key, QuantizerLaunch(host, stream, (

@@ -4,11 +4,11 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--table] [--swiglu] [--graph-calls 1]
+                                      [--paired-ctas 4,5,6] [--table] [--lean] [--swiglu] [--graph-calls 1]
 
 --paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --table the paired
-kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`).
-The decode scale is one value (0.37). --swiglu times the kernels that
+kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`);
+--lean the paired kernel (and with --table the table's) with the lean loop (`LEAN_LOOP`). The decode scale is one value (0.37). --swiglu times the kernels that
 quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). --graph-calls N: each
 graph holds N calls back to back, as kernels follow each other in a model's graph (the time per call then
 counts the gap between graph replays once for N calls). Without a Hopper or B200
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     parser.add_argument("--paired-ctas", type=comma_ints(1), default=[],
                         help="comma-separated CTAs an SM for the paired kernel")
     parser.add_argument("--table", action="store_true", help="also the paired kernel with a threshold table")
+    parser.add_argument("--lean", action="store_true", help="also the paired kernels with the lean loop")
     parser.add_argument("--swiglu", action="store_true", help="quantize SwiGLU of a (T, 2K) h instead of x")
     parser.add_argument("--graph-calls", type=int_between(1, 64), default=1, metavar="N",
                         help="calls back to back in each replayed graph (1 to 64; default 1)")
@@ -69,15 +70,20 @@ def main(argv=None) -> int:
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
     # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; whether it reads a
-    # threshold table)
+    # threshold table; whether its loop is lean)
     paired_per_sm = tq.PAIRED_SWIGLU_CTAS_PER_SM if options.swiglu else tq.PAIRED_CTAS_PER_SM
-    settings = [("value by value", None, False), ("paired", paired_per_sm, False)]
-    settings += [(f"paired, {n} CTAs an SM", n, False) for n in options.paired_ctas]
+    settings = [("value by value", None, False, False), ("paired", paired_per_sm, False, False)]
+    settings += [(f"paired, {n} CTAs an SM", n, False, False) for n in options.paired_ctas]
+    if options.lean:
+        settings.append(("paired, lean loop", paired_per_sm, False, True))
+    table_label = f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM"
     if options.table:
-        settings.append((f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM", paired_per_sm, True))
+        settings.append((table_label, paired_per_sm, True, False))
+    if options.table and options.lean:
+        settings.append((table_label + ", lean loop", paired_per_sm, True, True))
 
-    def run(per_sm, table):
-        tq.PAIRED, tq.THRESHOLD_TABLE = per_sm is not None, table
+    def run(per_sm, table, lean):
+        tq.PAIRED, tq.THRESHOLD_TABLE, tq.LEAN_LOOP = per_sm is not None, table, lean
         if tq.PAIRED and options.swiglu:
             tq.PAIRED_SWIGLU_CTAS_PER_SM = per_sm
         elif tq.PAIRED:
@@ -85,7 +91,7 @@ def main(argv=None) -> int:
         if options.swiglu:
             return mlp.swiglu_quantized(x, offs, scale)
         return mlp.quantize_tokens_device(x, offs, scale)
-    want = [t.view(torch.uint8) for t in run(None, False)]
+    want = [t.view(torch.uint8) for t in run(None, False, False)]
     failed = False
     for label, *setting in settings[1:]:
         same = all(torch.equal(g.view(torch.uint8), w) for g, w in zip(run(*setting), want))

@@ -2,8 +2,8 @@
 reference, and with --moe the MoE op on one routing with empty experts (on sm_90
 also two routings under two forms per call, one taken by each), checked against
 its CPU result, and with --quantizer the token quantizer's kernel in each of its
-configurations (token_quantizer.PAIRED, THRESHOLD_TABLE; on a grid of one SM's
-CTAs, so that each thread takes many blocks), checked byte for byte against the torch composition: run under
+configurations (token_quantizer.PAIRED, THRESHOLD_TABLE, LEAN_LOOP; on a grid of
+one SM's CTAs, so that each thread takes many blocks), checked byte for byte against the torch composition: run under
 compute-sanitizer's tools by scripts/gpu-check.sh. Arguments: the test and
 benchmark indices (default 3 3; gpu-check.sh passes $SANITIZE_CASES), then --moe
 and --quantizer (every tool of gpu-check.sh passes both)."""
@@ -76,7 +76,7 @@ if moe_too:  # the MoE op on one routing with a quarter of the experts empty, as
             print(f"moe op, two Hopper forms, experts {list(sizes)}: {'pass' if good else 'FAIL'}")
             failed |= not good
 
-if quantizer_too:  # (PAIRED, THRESHOLD_TABLE); one decode scale, which the table takes
+if quantizer_too:  # (PAIRED, THRESHOLD_TABLE, LEAN_LOOP); one decode scale, which the table takes
     from nvfp4_group_gemm import mlp, submission as shared, token_quantizer
     sizes = [0, 129, 0, 7, 260, 1]
     gen = torch.Generator().manual_seed(7)
@@ -87,12 +87,13 @@ if quantizer_too:  # (PAIRED, THRESHOLD_TABLE); one decode scale, which the tabl
         x.shape[0], len(sizes)))]
     sm_count = shared.sm_count
     shared.sm_count = lambda index: 1
-    for setting in ((False, False), (True, False), (True, True)):
-        token_quantizer.PAIRED, token_quantizer.THRESHOLD_TABLE = setting
+    for setting in ((False, False, False), (True, False, False), (True, True, False), (False, False, True),
+                    (True, False, True), (True, True, True)):
+        token_quantizer.PAIRED, token_quantizer.THRESHOLD_TABLE, token_quantizer.LEAN_LOOP = setting
         got = mlp.quantize_tokens_device(x.cuda(), offs.cuda(), scale.cuda())
         torch.cuda.synchronize()
         good = all(torch.equal(g.view(torch.uint8).cpu(), w) for g, w in zip(got, want))
-        print(f"token quantizer (paired, table) {setting}: {'pass' if good else 'FAIL'}")
+        print(f"token quantizer (paired, table, lean loop) {setting}: {'pass' if good else 'FAIL'}")
         failed |= not good
     shared.sm_count = sm_count
 sys.exit(1 if failed else 0)

@@ -720,9 +720,11 @@ def test_the_expert_mlp_runs_the_kernels_and_replays_under_new_routings():
     assert mlp_report.replays_follow_new_routings(experts, 4, 512, device, gpu=True)
 
 
-# token_quantizer.PAIRED and THRESHOLD_TABLE (which takes one decode scale or none)
-QUANTIZER_CONFIGURATIONS = {"value by value": (False, False), "paired": (True, False),
-                            "paired, threshold table": (True, True)}
+# token_quantizer.PAIRED, THRESHOLD_TABLE (which takes one decode scale or none) and LEAN_LOOP (not yet timed)
+QUANTIZER_CONFIGURATIONS = {"value by value": (False, False, False), "paired": (True, False, False),
+                            "paired, threshold table": (True, True, False),
+                            "value by value, lean loop": (False, False, True), "paired, lean loop": (True, False, True),
+                            "paired, threshold table, lean loop": (True, True, True)}
 
 
 @needs_hopper_or_b200
@@ -734,13 +736,14 @@ QUANTIZER_CONFIGURATIONS = {"value by value": (False, False), "paired": (True, F
 def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype, scale, configuration,
                                                                     monkeypatch):
     """mlp.quantize_tokens_device on the GPU runs token_quantizer.py's kernel, in each configuration
-    (token_quantizer.PAIRED, THRESHOLD_TABLE): the same packed codes and the same blocked scale bytes
+    (token_quantizer.PAIRED, THRESHOLD_TABLE, LEAN_LOOP): the same packed codes and the same blocked scale bytes
     (padding zero) as the torch composition on the CPU, for blocks of zeros, of -0, of values past 448 x 6, of
     tiny values and on E2M1's ties; rows past offs[-1] quantized, their scales not stored."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    paired, table = QUANTIZER_CONFIGURATIONS[configuration]
+    paired, table, lean = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
+    monkeypatch.setattr(token_quantizer, "LEAN_LOOP", lean)
     gen = torch.Generator().manual_seed(len(sizes))
     tokens, k, experts = sum(sizes) + (9 if sizes == (5, 0, 64) else 0), 192, len(sizes)
     x = torch.randn(tokens, k, generator=gen) * torch.logspace(-3, 3, tokens).view(-1, 1)
@@ -764,12 +767,14 @@ def test_the_token_quantizer_kernel_is_the_torch_recipe_bit_for_bit(sizes, dtype
 @pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 def test_the_token_quantizer_on_a_small_grid_takes_many_blocks_a_thread(configuration, monkeypatch):
     """The grid as on a GPU of one SM (a few CTAs), so that each thread quantizes many blocks in turn (its loads
-    a block ahead, in the paired configuration, and past the last block not): the same bytes as the torch
-    composition (per-expert decode scales; one with the threshold table)."""
+    a block ahead, in the paired configuration, and past the last block not, or the last again with a lean loop;
+    a thread's group changing between its blocks): the same bytes as the torch composition (per-expert decode
+    scales; one with the threshold table)."""
     from nvfp4_group_gemm import mlp, submission, token_quantizer
-    paired, table = QUANTIZER_CONFIGURATIONS[configuration]
+    paired, table, lean = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
+    monkeypatch.setattr(token_quantizer, "LEAN_LOOP", lean)
     monkeypatch.setattr(submission, "sm_count", lambda index: 1)
     gen = torch.Generator().manual_seed(3)
     sizes = (700, 0, 333, 1024, 17)
@@ -806,13 +811,14 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
 def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(configuration, dtype, layout, limit, alpha, beta,
                                                                  monkeypatch):
     """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h), in both configurations
-    (token_quantizer.PAIRED, THRESHOLD_TABLE): the same bytes as torch's ops on the GPU (mlp.swiglu, then the
+    (token_quantizer.PAIRED, THRESHOLD_TABLE, LEAN_LOOP): the same bytes as torch's ops on the GPU (mlp.swiglu, then the
     torch quantizer composition), per-expert decode scales (one with the threshold table), empty experts and rows
     past offs[-1]."""
     from nvfp4_group_gemm import mlp, token_quantizer
-    paired, table = QUANTIZER_CONFIGURATIONS[configuration]
+    paired, table, lean = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
     monkeypatch.setattr(token_quantizer, "THRESHOLD_TABLE", table)
+    monkeypatch.setattr(token_quantizer, "LEAN_LOOP", lean)
     gen = torch.Generator().manual_seed(5)
     sizes, inter = (0, 129, 0, 7, 160, 4), 192
     tokens = sum(sizes) + 3

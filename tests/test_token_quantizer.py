@@ -22,10 +22,14 @@ for fp16, kind, activation in ((False, tq.NO_SCALE, ""), (True, tq.PER_EXPERT, "
         config = tq.TokenQuantizerConfig(fp16=fp16, scale_kind=kind, activation=activation, limit=bool(activation),
                                          paired=paired)
         out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
-# the threshold table (one decode scale, and SwiGLU's halves with it)
+# the threshold table (one decode scale, and SwiGLU's halves with it); not yet timed, the lean loop (with the
+# table, paired per expert, value by value)
 for config in (tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True),
                tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, activation="halves", paired=True,
-                                       threshold_table=True)):
+                                       threshold_table=True),
+               tq.TokenQuantizerConfig(scale_kind=tq.ONE_SCALE, paired=True, threshold_table=True, lean_loop=True),
+               tq.TokenQuantizerConfig(fp16=True, scale_kind=tq.PER_EXPERT, paired=True, lean_loop=True),
+               tq.TokenQuantizerConfig(lean_loop=True)):
     out[config.name] = compile_gate.ptx_text(tq.compiled(config, submission.target_arch())).replace("\\x00", "")
 print(json.dumps(out))
 """
@@ -47,7 +51,9 @@ def test_the_quantizer_compiles_to_its_designed_instructions(install, arch, tmp_
     names = {"quantize-tokens-bf16", "quantize-tokens-fp16-expert-scales",
              "quantize-tokens-bf16-expert-scales-swiglu-interleaved-limit"}
     assert set(kernels) == names | {name + "-paired" for name in names} | {
-        "quantize-tokens-bf16-scale-paired-table", "quantize-tokens-bf16-scale-swiglu-halves-paired-table"}
+        "quantize-tokens-bf16-scale-paired-table", "quantize-tokens-bf16-scale-swiglu-halves-paired-table",
+        "quantize-tokens-bf16-scale-paired-table-lean", "quantize-tokens-fp16-expert-scales-paired-lean",
+        "quantize-tokens-bf16-lean"}
     from nvfp4_group_gemm import compile_gate, toolchain
     ptxas = toolchain.find_ptxas()
     for name, ptx in kernels.items():
@@ -249,16 +255,43 @@ def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_
             tq.TokenQuantizerConfig(threshold_table=True, **config)
 
 
+def test_the_lean_loop_is_a_configuration_of_its_own_for_every_kind(monkeypatch):
+    """token_quantizer.LEAN_LOOP (off until timed) makes every configuration quantize_tokens compiles keep its
+    group in registers ("-lean" in the name): value by value, paired, with the threshold table, with SwiGLU; each
+    on the grid it had."""
+    import torch
+    from nvfp4_group_gemm import token_quantizer as tq
+    compiled, launched = recording_launches(monkeypatch)
+    assert not tq.LEAN_LOOP  # not yet timed: off
+    x = torch.empty(4096, 7168, dtype=torch.bfloat16)
+    offs = torch.tensor([2048, 4096], dtype=torch.int32)
+    swiglu = ("halves", 1.0, 0.0, None)
+    for paired, table in ((False, False), (True, False), (True, True)):
+        for options in (None, swiglu):
+            monkeypatch.setattr(tq, "PAIRED", paired)
+            monkeypatch.setattr(tq, "THRESHOLD_TABLE", table)
+            monkeypatch.setattr(tq, "LEAN_LOOP", False)
+            rows = x if options is None else torch.empty(4096, 2 * 7168, dtype=torch.bfloat16)
+            tq.quantize_tokens(rows, offs, None, 4096, swiglu=options)
+            name, ctas = compiled[-1].name, launched[-1]["ctas"]
+            monkeypatch.setattr(tq, "LEAN_LOOP", True)
+            tq.quantize_tokens(rows, offs, None, 4096, swiglu=options)
+            assert compiled[-1].lean_loop and compiled[-1].name == name + "-lean", (compiled[-1].name, name)
+            assert launched[-1]["ctas"] == ctas
+
+
 def test_the_configuration_label_names_the_settings(monkeypatch):
     """eval.py mlp prints which quantizer it timed: token_quantizer.configuration_label, from PAIRED,
-    THRESHOLD_TABLE."""
+    THRESHOLD_TABLE and LEAN_LOOP."""
     from nvfp4_group_gemm import token_quantizer as tq
     monkeypatch.setattr(tq, "THRESHOLD_TABLE", False)
     assert tq.configuration_label() == "paired"
     monkeypatch.setattr(tq, "THRESHOLD_TABLE", True)
     assert tq.configuration_label() == "paired, threshold table"
+    monkeypatch.setattr(tq, "LEAN_LOOP", True)
+    assert tq.configuration_label() == "paired, threshold table, lean loop"
     monkeypatch.setattr(tq, "PAIRED", False)
-    assert tq.configuration_label() == "value by value"
+    assert tq.configuration_label() == "value by value, lean loop"
 
 
 def fp32_thresholds(s):
