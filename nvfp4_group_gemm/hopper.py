@@ -133,6 +133,16 @@ class Diagnostic(enum.Enum):
     SKIP_WEIGHTS = "skip-weights"  # no weights or their scale factors loaded (converted from stale stages)
     SKIP_TOKEN_CONVERSION = "skip-token-conversion"  # no tokens converted (and none waited for)
     SKIP_EPILOGUE = "skip-epilogue"  # no C stored (the wgmma and conversions still run)
+    # neither the weights loaded nor converted: what a stage costs without either (each alone hides the other)
+    SKIP_WEIGHTS_AND_CONVERT = "skip-weights-and-convert"
+
+    @property
+    def loads_weights(self) -> bool:
+        return self not in (Diagnostic.SKIP_WEIGHTS, Diagnostic.SKIP_WEIGHTS_AND_CONVERT)
+
+    @property
+    def converts_weights(self) -> bool:
+        return self not in (Diagnostic.SKIP_CONVERT, Diagnostic.SKIP_WEIGHTS_AND_CONVERT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -869,10 +879,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         either CTA's first load."""
         shape = self.cluster_shape()
         check_ab_arrivals(self.config, shape)
-        # Diagnostic.SKIP_TOKENS loads no tokens, SKIP_WEIGHTS no weights
-        skipped = {Diagnostic.SKIP_TOKENS: self.tile_m * self.tile_k * 2,
-                   Diagnostic.SKIP_WEIGHTS: WEIGHT_ROWS * self.packed_k_bytes + self.sf_stage_bytes}.get(
-                       self.config.diagnostic, 0)
+        # Diagnostic.SKIP_TOKENS loads no tokens, SKIP_WEIGHTS (and SKIP_WEIGHTS_AND_CONVERT) no weights
+        diagnostic = self.config.diagnostic
+        skipped = (self.tile_m * self.tile_k * 2 if diagnostic is Diagnostic.SKIP_TOKENS
+                   else WEIGHT_ROWS * self.packed_k_bytes + self.sf_stage_bytes
+                   if diagnostic is not None and not diagnostic.loads_weights else 0)
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers,
             num_stages=self.num_ab_stages,
@@ -1328,7 +1339,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
                 multicast = {} if cutlass.const_expr(token_mask is None) else {"mcast_mask": token_mask}
                 cute.copy(tma_atom_a, tAgA[(None, work.m_tile, k_tile)], tAsA[(None, stage)],
                           tma_bar_ptr=barrier, tma_desc_ptr=tensormaps.descriptor(work.group, 0), **multicast)
-        elif cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_WEIGHTS):
+        elif cutlass.const_expr(self.config.diagnostic is None or self.config.diagnostic.loads_weights):
             weight_tile = self.weight_tile(work, rank)
             if cutlass.const_expr(offsets is not None):  # the stacked weights: the expert's blocks first
                 weight_tile += work.group * (offsets.n // WEIGHT_ROWS)
@@ -1459,7 +1470,7 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
             for buffer in cutlass.range_constexpr(NUM_REGISTER_BUFFERS):
                 ab_pipeline.consumer_wait(state)
                 # the timing diagnostics (Diagnostic) leave out a part
-                if cutlass.const_expr(self.config.diagnostic is not Diagnostic.SKIP_CONVERT):
+                if cutlass.const_expr(self.config.diagnostic is None or self.config.diagnostic.converts_weights):
                     self.dequantize_a_fragment(sB, sSFB, tCrW[buffer], state.index, w_row, q)
                 if cutlass.const_expr(self.config.diagnostic is Diagnostic.SKIP_MMA):
                     # only where K < 0, never at run time: left out altogether, the wgmma would take with it the

@@ -352,6 +352,10 @@ def test_every_timing_diagnostic_changes_the_default_forms_code(tmp_path, instal
     assert 0 < 3 * count(tma, by_what["skip-weights"]) == 2 * count(tma, base)
     assert count(bulk, by_what["skip-weights"]) == 0 < count(bulk, base)
     assert count(conversion, by_what["skip-weights"]) == count(conversion, base)
+    # skip-weights-and-convert: both (the loads as skip-weights, the conversions as skip-convert)
+    both = by_what["skip-weights-and-convert"]
+    assert count(tma, both) == count(tma, by_what["skip-weights"]) and count(bulk, both) == 0
+    assert count(conversion, both) == count(conversion, by_what["skip-convert"])
     # skip-token-conversion: no claims, counts, waits, resets or tokens' barrier (the kernel's one named-barrier
     # arrive; DSL 4.5.2 names its id in a register, 4.8.1 as the constant); the weights' conversion stays
     skipped = by_what["skip-token-conversion"]
