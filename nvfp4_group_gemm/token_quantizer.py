@@ -50,6 +50,7 @@ TABLE_CTAS_PER_SM = 4  # as many as fit: 59 registers a thread with one decode s
 # Not yet timed, so False: quantize_tokens' configurations keep a thread's group in registers and issue the next
 # block's loads unconditionally (TokenQuantizerConfig.lean_loop; scripts/quantizer_bench.py --lean)
 LEAN_LOOP = False
+LEAN_TABLE_CTAS_PER_SM = 5  # the threshold table's kernel of x's own blocks with a lean loop: 48 registers a thread
 TABLE_BYTES = 128  # the E4M3 bytes a block's scale can be: positive (0x08, 2^-6, to 0x7E, 448)
 TABLE_WORDS = 8  # an entry: the seven paired thresholds and a word of padding (32 bytes, two 16-byte loads)
 MAX_EXPERTS = 1024  # groups a CTA's shared memory holds (8 bytes each)
@@ -279,9 +280,11 @@ class TokenQuantizerConfig:
     `lean_loop`: a thread's group's end row and the shift from a row to its scale row stay in registers, looked
     up in shared memory again only where a block's row is past that end (each block looked up its group's end,
     first row and P_g), and a paired configuration issues the next block's loads whether there is one or not (the
-    last block again past the end), so that no branch keeps its words apart from where the next block reads them
-    (in the SASS of the bf16 threshold-table kernel of one decode scale, ptxas of CUDA 13, sm_90a: a block's
-    common path from about 257 instructions to about 241, 59 registers to 57)."""
+    last block again past the end), so that no branch keeps its words apart from where the next block reads them;
+    the loop over a thread's items is a plain while (the range loop's step, of a sign unknown to the compiler,
+    held more registers). In the SASS of the bf16 threshold-table kernel of one decode scale (ptxas of CUDA 13,
+    sm_90a, DSL 4.8.1): a block's common path from about 257 instructions to about 238, 59 registers to 48, so
+    it runs on 5 CTAs an SM (`LEAN_TABLE_CTAS_PER_SM`) where it ran on 4."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
@@ -391,43 +394,61 @@ class TokenQuantizer:
         if cutlass.const_expr(self.config.paired and self.config.scale_kind == ONE_SCALE
                               and not self.config.threshold_table):
             decode = global_scale[0]
-        for item in cutlass.range(first, work, stride, unroll=1):
-            if item < token_blocks:
-                if cutlass.const_expr(lean):
-                    if row >= group_end:
-                        while ends[group] <= row:
-                            group += 1
-                        group_end, scale_shift = ends[group], self.scale_shift(ends, scale_rows, group)
-                else:
+        layout = (experts, token_blocks, blocks_per_row, words_per_row, stride)
+        tensors = (x, packed, scales, global_scale, ends, scale_rows, table)
+        if cutlass.const_expr(lean):  # a plain while: the range loop's step of either sign holds more registers
+            at = first  # (not `item`: a release's preprocessor takes a name bound on both branches as carried)
+            while at < work:
+                group, group_end, scale_shift = self.take_item(tensors, layout, decode, swiglu, ahead, at, row,
+                                                               column, group, group_end, scale_shift)
+                row, column = next_place(row, column, step_rows, step_columns, blocks_per_row)
+                at += stride
+        else:
+            for item in cutlass.range(first, work, stride, unroll=1):
+                group, group_end, scale_shift = self.take_item(tensors, layout, decode, swiglu, ahead, item, row,
+                                                               column, group, group_end, scale_shift)
+                row, column = next_place(row, column, step_rows, step_columns, blocks_per_row)
+
+    @cute.jit
+    def take_item(self, tensors, layout, decode, swiglu, ahead, item, row, column, group, group_end, scale_shift):
+        """A thread's item `item` (at `row`, `column`, in `group`): a token block (`quantize_block`) or a word of
+        the scale buffer's padding (`zero_padding`); returns its group, with a lean loop that group's end row and
+        scale shift (`scale_shift`)."""
+        x, packed, scales, global_scale, ends, scale_rows, table = tensors
+        experts, token_blocks, blocks_per_row, words_per_row, stride = layout
+        lean = self.config.lean_loop
+        if item < token_blocks:
+            if cutlass.const_expr(lean):
+                if row >= group_end:
                     while ends[group] <= row:
                         group += 1
-                if cutlass.const_expr(self.config.paired):
-                    words = cute.make_rmem_tensor((8,), cutlass.Uint32)
-                    if cutlass.const_expr(not self.config.activation):
-                        words.store(ahead.load())
-                        if cutlass.const_expr(lean):  # whatever the next block is (past the end: the last again)
-                            later = item + stride
-                            if later >= token_blocks:
-                                later = token_blocks - 1
-                            cute.autovec_copy(token_words(x, later), ahead)
-                        elif item + stride < token_blocks:
-                            cute.autovec_copy(token_words(x, item + stride), ahead)
-                    else:
-                        values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
-                        pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
-                        for i in cutlass.range_constexpr(8):
-                            words[i] = ptx(U32, [values[2 * i], values[2 * i + 1]], pair, "=r,f,f")
-                else:
-                    words = None
-                self.quantize_block(x, packed, scales, global_scale, decode, ends, scale_rows, scale_shift, experts,
-                                    item, row, column, group, blocks_per_row, swiglu, words, table)
+                    group_end, scale_shift = ends[group], self.scale_shift(ends, scale_rows, group)
             else:
-                self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
-            row += step_rows
-            column += step_columns
-            if column >= blocks_per_row:
-                column -= blocks_per_row
-                row += 1
+                while ends[group] <= row:
+                    group += 1
+            if cutlass.const_expr(self.config.paired):
+                words = cute.make_rmem_tensor((8,), cutlass.Uint32)
+                if cutlass.const_expr(not self.config.activation):
+                    words.store(ahead.load())
+                    if cutlass.const_expr(lean):  # whatever the next block is (past the end: the last again)
+                        later = item + stride
+                        if later >= token_blocks:
+                            later = token_blocks - 1
+                        cute.autovec_copy(token_words(x, later), ahead)
+                    elif item + stride < token_blocks:
+                        cute.autovec_copy(token_words(x, item + stride), ahead)
+                else:
+                    values = self.block_values(x, item, row, column, blocks_per_row, swiglu)
+                    pair = "cvt.rn.%s.f32 $0, $2, $1;" % token_type(self.config.fp16)  # exact: of the type
+                    for i in cutlass.range_constexpr(8):
+                        words[i] = ptx(U32, [values[2 * i], values[2 * i + 1]], pair, "=r,f,f")
+            else:
+                words = None
+            self.quantize_block(x, packed, scales, global_scale, decode, ends, scale_rows, scale_shift, experts,
+                                item, row, column, group, blocks_per_row, swiglu, words, table)
+        else:
+            self.zero_padding(scales, ends, scale_rows, experts, item - token_blocks, words_per_row)
+        return group, group_end, scale_shift
 
     @cute.jit
     def find_groups(self, offs, experts, tokens, ends, scale_rows):
@@ -585,6 +606,18 @@ class TokenQuantizer:
             cute.autovec_copy(zero, global_words(scales.iterator.toint() + offset, 1, 4))
 
 
+@cute.jit
+def next_place(row, column, step_rows, step_columns, blocks_per_row):
+    """The row and column of a thread's next block, a grid stride on (`step_rows` rows and `step_columns`
+    columns, carrying into the next row)."""
+    row += step_rows
+    column += step_columns
+    if column >= blocks_per_row:
+        column -= blocks_per_row
+        row += 1
+    return row, column
+
+
 def global_words(address, count: int, align: int, space=cute.AddressSpace.gmem):
     """`count` 32-bit words of global memory (or of `space`) at `address` (aligned to `align` bytes): one vector
     access."""
@@ -707,10 +740,10 @@ def configuration_label() -> str:
     return "paired" + (", threshold table" if THRESHOLD_TABLE else "") + lean
 
 
-def grid_per_sm(swiglu: bool, table: bool = False) -> int:
-    """The grid's CTAs an SM at most, for the configurations `PAIRED` and `THRESHOLD_TABLE` pick."""
+def grid_per_sm(swiglu: bool, table: bool = False, lean: bool = False) -> int:
+    """The grid's CTAs an SM at most, for the configurations `PAIRED`, `THRESHOLD_TABLE` and `LEAN_LOOP` pick."""
     if table:
-        return TABLE_CTAS_PER_SM
+        return LEAN_TABLE_CTAS_PER_SM if lean and not swiglu else TABLE_CTAS_PER_SM
     if not PAIRED:
         return CTAS_PER_SM
     return PAIRED_SWIGLU_CTAS_PER_SM if swiglu else PAIRED_CTAS_PER_SM
@@ -748,7 +781,8 @@ def quantize_tokens(x: torch.Tensor, offs: torch.Tensor, global_scale: Optional[
             global_scale is not None) else None
         # ARGUMENTS' order: ptr_x, ptr_offs, ptr_packed, ptr_scales, ptr_global, tokens, k, experts, rows, ctas,
         # alpha_bits, beta_bits, limit_bits
-        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, table) * submission.sm_count(index))
+        ctas = min(-(-work // THREADS), grid_per_sm(swiglu is not None, table, LEAN_LOOP)
+                   * submission.sm_count(index))
         values = (x.data_ptr(), offs32.data_ptr(), packed.data_ptr(), blocked.data_ptr(),
                   scale.data_ptr() if scale is not None else 0, tokens, k, experts, rows, ctas) + entry.options
         if index == torch.cuda.current_device():

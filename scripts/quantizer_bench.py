@@ -8,7 +8,8 @@ replayed time) against the card's HBM bandwidth.
 
 --paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --table the paired
 kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`);
---lean the paired kernel (and with --table the table's) with the lean loop (`LEAN_LOOP`). The decode scale is one value (0.37). --swiglu times the kernels that
+--lean the paired kernel (and with --table the table's, on `LEAN_TABLE_CTAS_PER_SM`) with the lean loop
+(`LEAN_LOOP`). The decode scale is one value (0.37). --swiglu times the kernels that
 quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). --graph-calls N: each
 graph holds N calls back to back, as kernels follow each other in a model's graph (the time per call then
 counts the gap between graph replays once for N calls). Without a Hopper or B200
@@ -76,11 +77,12 @@ def main(argv=None) -> int:
     settings += [(f"paired, {n} CTAs an SM", n, False, False) for n in options.paired_ctas]
     if options.lean:
         settings.append(("paired, lean loop", paired_per_sm, False, True))
-    table_label = f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM"
     if options.table:
-        settings.append((table_label, paired_per_sm, True, False))
+        settings.append((f"paired, threshold table, {tq.grid_per_sm(options.swiglu, True)} CTAs an SM",
+                         paired_per_sm, True, False))
     if options.table and options.lean:
-        settings.append((table_label + ", lean loop", paired_per_sm, True, True))
+        settings.append((f"paired, threshold table, lean loop, {tq.grid_per_sm(options.swiglu, True, True)} CTAs "
+                         "an SM", paired_per_sm, True, True))
 
     def run(per_sm, table, lean):
         tq.PAIRED, tq.THRESHOLD_TABLE, tq.LEAN_LOOP = per_sm is not None, table, lean

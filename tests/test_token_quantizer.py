@@ -258,7 +258,8 @@ def test_the_threshold_table_is_a_configuration_of_its_own_for_one_decode_scale_
 def test_the_lean_loop_is_a_configuration_of_its_own_for_every_kind(monkeypatch):
     """token_quantizer.LEAN_LOOP (off until timed) makes every configuration quantize_tokens compiles keep its
     group in registers ("-lean" in the name): value by value, paired, with the threshold table, with SwiGLU; each
-    on the grid it had."""
+    on the grid it had but the table's of x's own blocks, on LEAN_TABLE_CTAS_PER_SM (its registers allow one CTA
+    more)."""
     import torch
     from nvfp4_group_gemm import token_quantizer as tq
     compiled, launched = recording_launches(monkeypatch)
@@ -277,7 +278,9 @@ def test_the_lean_loop_is_a_configuration_of_its_own_for_every_kind(monkeypatch)
             monkeypatch.setattr(tq, "LEAN_LOOP", True)
             tq.quantize_tokens(rows, offs, None, 4096, swiglu=options)
             assert compiled[-1].lean_loop and compiled[-1].name == name + "-lean", (compiled[-1].name, name)
-            assert launched[-1]["ctas"] == ctas
+            more = table and options is None
+            assert launched[-1]["ctas"] == (tq.LEAN_TABLE_CTAS_PER_SM * 132 if more else ctas)
+    assert tq.LEAN_TABLE_CTAS_PER_SM == tq.TABLE_CTAS_PER_SM + 1
 
 
 def test_the_configuration_label_names_the_settings(monkeypatch):
