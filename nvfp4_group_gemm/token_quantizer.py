@@ -397,7 +397,7 @@ class TokenQuantizer:
         layout = (experts, token_blocks, blocks_per_row, words_per_row, stride)
         tensors = (x, packed, scales, global_scale, ends, scale_rows, table)
         if cutlass.const_expr(lean):  # a plain while: the range loop's step of either sign holds more registers
-            at = first  # (not `item`: a release's preprocessor takes a name bound on both branches as carried)
+            at = first  # (not `item`: DSL 4.5.2 refuses a name bound here and as the other branch's loop target)
             while at < work:
                 group, group_end, scale_shift = self.take_item(tensors, layout, decode, swiglu, ahead, at, row,
                                                                column, group, group_end, scale_shift)
