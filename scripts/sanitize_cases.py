@@ -3,10 +3,11 @@ reference, and with --moe the MoE op on one routing with empty experts (on sm_90
 also two routings under two forms per call, one taken by each), checked against
 its CPU result, and with --quantizer the token quantizer's kernel in each of its
 configurations (token_quantizer.PAIRED, THRESHOLD_TABLE, LEAN_LOOP; on a grid of
-one SM's CTAs, so that each thread takes many blocks), checked byte for byte against the torch composition: run under
-compute-sanitizer's tools by scripts/gpu-check.sh. Arguments: the test and
-benchmark indices (default 3 3; gpu-check.sh passes $SANITIZE_CASES), then --moe
-and --quantizer (every tool of gpu-check.sh passes both)."""
+one SM's CTAs, so that each thread takes many blocks), checked byte for byte
+against the torch composition: run under compute-sanitizer's tools by
+scripts/gpu-check.sh. Arguments: the test and benchmark indices (default 3 3;
+gpu-check.sh passes $SANITIZE_CASES), then --moe and --quantizer (every tool of
+gpu-check.sh passes both)."""
 import sys
 from pathlib import Path
 

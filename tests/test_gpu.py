@@ -810,10 +810,10 @@ def test_the_token_quantizer_kernel_takes_offs_as_int64_or_a_strided_view():
 @pytest.mark.parametrize("configuration", QUANTIZER_CONFIGURATIONS)
 def test_the_swiglu_quantizer_kernel_is_torchs_steps_bit_for_bit(configuration, dtype, layout, limit, alpha, beta,
                                                                  monkeypatch):
-    """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h), in both configurations
-    (token_quantizer.PAIRED, THRESHOLD_TABLE, LEAN_LOOP): the same bytes as torch's ops on the GPU (mlp.swiglu, then the
-    torch quantizer composition), per-expert decode scales (one with the threshold table), empty experts and rows
-    past offs[-1]."""
+    """mlp.swiglu_quantized on the GPU runs one kernel (SwiGLU as the quantizer loads h), in each configuration
+    (token_quantizer.PAIRED, THRESHOLD_TABLE, LEAN_LOOP): the same bytes as torch's ops on the GPU (mlp.swiglu,
+    then the torch quantizer composition), per-expert decode scales (one with the threshold table), empty experts
+    and rows past offs[-1]."""
     from nvfp4_group_gemm import mlp, token_quantizer
     paired, table, lean = QUANTIZER_CONFIGURATIONS[configuration]
     monkeypatch.setattr(token_quantizer, "PAIRED", paired)
