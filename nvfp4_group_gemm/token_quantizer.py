@@ -46,9 +46,12 @@ PAIRED = True  # whether `quantize_tokens` compiles paired configurations (Token
 # shared memory instead of computing them (TokenQuantizerConfig.threshold_table): the same bytes, faster
 # (docs/moe.md; scripts/quantizer_bench.py --table times both)
 THRESHOLD_TABLE = True
-TABLE_CTAS_PER_SM = 4  # as many as fit: 59 registers a thread with one decode scale (ptxas of CUDA 13, sm_90a)
-# Not yet timed, so False: quantize_tokens' configurations keep a thread's group in registers and issue the next
-# block's loads unconditionally (TokenQuantizerConfig.lean_loop; scripts/quantizer_bench.py --lean)
+# as many as fit 59 registers a thread, the kernel of one decode scale under DSL 4.8.1 (47 under 4.5.2; ptxas of
+# CUDA 13, sm_90a)
+TABLE_CTAS_PER_SM = 4
+# Not yet timed, so False: quantize_tokens' configurations keep a thread's group in registers, issue the next
+# block's loads unconditionally and loop by a plain while (TokenQuantizerConfig.lean_loop;
+# scripts/quantizer_bench.py --lean)
 LEAN_LOOP = False
 LEAN_TABLE_CTAS_PER_SM = 5  # the threshold table's kernel of x's own blocks with a lean loop: 48 registers a thread
 TABLE_BYTES = 128  # the E4M3 bytes a block's scale can be: positive (0x08, 2^-6, to 0x7E, 448)
