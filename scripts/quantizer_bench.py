@@ -4,12 +4,14 @@ replayed from a CUDA graph at T x K, alternating rounds, with its bandwidth (byt
 replayed time) against the card's HBM bandwidth.
 
     python scripts/quantizer_bench.py [--tokens 4096] [--k 7168] [--experts 8] [--rounds 2]
-                                      [--paired-ctas 4,5,6] [--table] [--lean] [--swiglu] [--graph-calls 1]
+                                      [--paired-ctas 4,5,6] [--table] [--lean] [--table-ctas 4,5] [--swiglu]
+                                      [--graph-calls 1]
 
 --paired-ctas also times the paired kernel on those many CTAs an SM (`PAIRED_CTAS_PER_SM`); --table the paired
 kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`);
 --lean the paired kernel (and with --table the table's, on `LEAN_TABLE_CTAS_PER_SM`) with the lean loop
-(`LEAN_LOOP`). The decode scale is one value (0.37). --swiglu times the kernels that
+(`LEAN_LOOP`); --table-ctas also the table's kernels on those many CTAs an SM (what the loop gains apart from
+what more CTAs gain). The decode scale is one value (0.37). --swiglu times the kernels that
 quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). --graph-calls N: each
 graph holds N calls back to back, as kernels follow each other in a model's graph (the time per call then
 counts the gap between graph replays once for N calls). Without a Hopper or B200
@@ -41,7 +43,26 @@ def routing(tokens: int, experts: int, generator):
     return counts.cumsum(0).to(torch.int32)
 
 
-def main(argv=None) -> int:
+def timed_settings(options) -> list:
+    """What the options time, in order: (label, the paired configuration's CTAs an SM, or None for the
+    value-by-value one; whether it reads a threshold table; whether its loop is lean; the table's CTAs an SM,
+    None for its own)."""
+    from nvfp4_group_gemm import token_quantizer as tq
+    paired_per_sm = tq.PAIRED_SWIGLU_CTAS_PER_SM if options.swiglu else tq.PAIRED_CTAS_PER_SM
+    settings = [("value by value", None, False, False, None), ("paired", paired_per_sm, False, False, None)]
+    settings += [(f"paired, {n} CTAs an SM", n, False, False, None) for n in options.paired_ctas]
+    if options.lean:
+        settings.append(("paired, lean loop", paired_per_sm, False, True, None))
+    for lean in (False, True) if options.table and options.lean else (False,) if options.table else ():
+        label = "paired, threshold table" + (", lean loop" if lean else "")
+        own = tq.grid_per_sm(options.swiglu, True, lean)
+        settings.append((f"{label}, {own} CTAs an SM", paired_per_sm, True, lean, None))
+        settings += [(f"{label}, {n} CTAs an SM", paired_per_sm, True, lean, n) for n in options.table_ctas
+                     if n != own]
+    return settings
+
+
+def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--k", type=int, default=7168)
@@ -51,10 +72,16 @@ def main(argv=None) -> int:
                         help="comma-separated CTAs an SM for the paired kernel")
     parser.add_argument("--table", action="store_true", help="also the paired kernel with a threshold table")
     parser.add_argument("--lean", action="store_true", help="also the paired kernels with the lean loop")
+    parser.add_argument("--table-ctas", type=comma_ints(1), default=[],
+                        help="with --table: comma-separated CTAs an SM for the table's kernels too")
     parser.add_argument("--swiglu", action="store_true", help="quantize SwiGLU of a (T, 2K) h instead of x")
     parser.add_argument("--graph-calls", type=int_between(1, 64), default=1, metavar="N",
                         help="calls back to back in each replayed graph (1 to 64; default 1)")
-    options = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    options = parse(argv)
     import torch
     from nvfp4_group_gemm import measure, mlp, token_quantizer as tq
     from nvfp4_group_gemm.mlp_report import graph_us
@@ -70,22 +97,12 @@ def main(argv=None) -> int:
         torch.bfloat16).cuda()
     offs = routing(options.tokens, options.experts, generator).cuda()
     scale = torch.tensor([0.37], device="cuda")
-    # (label, the paired configuration's CTAs an SM, or None for the value-by-value one; whether it reads a
-    # threshold table; whether its loop is lean)
-    paired_per_sm = tq.PAIRED_SWIGLU_CTAS_PER_SM if options.swiglu else tq.PAIRED_CTAS_PER_SM
-    settings = [("value by value", None, False, False), ("paired", paired_per_sm, False, False)]
-    settings += [(f"paired, {n} CTAs an SM", n, False, False) for n in options.paired_ctas]
-    if options.lean:
-        settings.append(("paired, lean loop", paired_per_sm, False, True))
-    if options.table:
-        settings.append((f"paired, threshold table, {tq.grid_per_sm(options.swiglu, True)} CTAs an SM",
-                         paired_per_sm, True, False))
-    if options.table and options.lean:
-        settings.append((f"paired, threshold table, lean loop, {tq.grid_per_sm(options.swiglu, True, True)} CTAs "
-                         "an SM", paired_per_sm, True, True))
+    settings = timed_settings(options)
+    table_per_sm = (tq.TABLE_CTAS_PER_SM, tq.LEAN_TABLE_CTAS_PER_SM)
 
-    def run(per_sm, table, lean):
+    def run(per_sm, table, lean, table_ctas=None):
         tq.PAIRED, tq.THRESHOLD_TABLE, tq.LEAN_LOOP = per_sm is not None, table, lean
+        tq.TABLE_CTAS_PER_SM, tq.LEAN_TABLE_CTAS_PER_SM = (table_ctas, table_ctas) if table_ctas else table_per_sm
         if tq.PAIRED and options.swiglu:
             tq.PAIRED_SWIGLU_CTAS_PER_SM = per_sm
         elif tq.PAIRED:

@@ -398,6 +398,18 @@ def test_quantizer_bench_says_what_it_moves_and_times_nothing_without_a_gpu():
     # --swiglu: h's gate and up read, (T, 2K), the same written
     assert quantizer_bench.moved_bytes(4096, 2048, 8, swiglu=True) == (4096 * 2048 * 9 // 2
                                                                       + moe.worst_case_scale_rows(4096, 8) * 128)
+    # what the options time: the table's kernels, lean or not, on their own CTAs an SM and on those asked for
+    settings = quantizer_bench.timed_settings(quantizer_bench.parse(["--table", "--lean", "--table-ctas", "4,5"]))
+    from nvfp4_group_gemm import token_quantizer as tq
+    assert [s[0] for s in settings] == [
+        "value by value", "paired", "paired, lean loop", f"paired, threshold table, {tq.TABLE_CTAS_PER_SM} CTAs an SM",
+        "paired, threshold table, 5 CTAs an SM", f"paired, threshold table, lean loop, {tq.LEAN_TABLE_CTAS_PER_SM} "
+        "CTAs an SM", "paired, threshold table, lean loop, 4 CTAs an SM"]
+    assert [s[1:] for s in settings[-4:]] == [(tq.PAIRED_CTAS_PER_SM, True, False, None),
+                                              (tq.PAIRED_CTAS_PER_SM, True, False, 5),
+                                              (tq.PAIRED_CTAS_PER_SM, True, True, None),
+                                              (tq.PAIRED_CTAS_PER_SM, True, True, 4)]
+    assert len(quantizer_bench.timed_settings(quantizer_bench.parse(["--table-ctas", "4"]))) == 2  # needs --table
     offs = quantizer_bench.routing(1000, 8, torch.Generator().manual_seed(1))
     counts = torch.diff(offs, prepend=torch.zeros(1, dtype=offs.dtype))
     assert int(offs[-1]) == 1000 and int(counts[4]) == 0 and bool((counts >= 0).all())
