@@ -285,9 +285,8 @@ class TokenQuantizerConfig:
     first row and P_g), and a paired configuration issues the next block's loads whether there is one or not (the
     last block again past the end), so that no branch keeps its words apart from where the next block reads them;
     the loop over a thread's items is a plain while (the range loop's step, of a sign unknown to the compiler,
-    held more registers). In the SASS of the bf16 threshold-table kernel of one decode scale (ptxas of CUDA 13,
-    sm_90a, DSL 4.8.1): a block's common path from about 257 instructions to about 238, 59 registers to 48, so
-    it runs on 5 CTAs an SM (`LEAN_TABLE_CTAS_PER_SM`) where it ran on 4."""
+    holds more registers). Fewer instructions a block, and the threshold table's kernel of x's own blocks fits
+    one CTA more an SM (`LEAN_TABLE_CTAS_PER_SM`; the SASS counts are in docs/moe.md)."""
     fp16: bool = False
     scale_kind: int = NO_SCALE
     activation: str = ""
