@@ -880,10 +880,11 @@ class Sm90GroupedGemmKernel(submission.DescriptorBuilder):
         shape = self.cluster_shape()
         check_ab_arrivals(self.config, shape)
         # Diagnostic.SKIP_TOKENS loads no tokens, SKIP_WEIGHTS (and SKIP_WEIGHTS_AND_CONVERT) no weights
-        diagnostic = self.config.diagnostic
-        skipped = (self.tile_m * self.tile_k * 2 if diagnostic is Diagnostic.SKIP_TOKENS
-                   else WEIGHT_ROWS * self.packed_k_bytes + self.sf_stage_bytes
-                   if diagnostic is not None and not diagnostic.loads_weights else 0)
+        diagnostic, skipped = self.config.diagnostic, 0
+        if diagnostic is Diagnostic.SKIP_TOKENS:
+            skipped = self.tile_m * self.tile_k * 2
+        elif diagnostic is not None and not diagnostic.loads_weights:
+            skipped = WEIGHT_ROWS * self.packed_k_bytes + self.sf_stage_bytes
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers,
             num_stages=self.num_ab_stages,
