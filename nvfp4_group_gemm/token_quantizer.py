@@ -543,14 +543,9 @@ class TokenQuantizer:
                 pack_codes(codes, values, lambda v: e2m1_code(v, block_scale))
         cute.autovec_copy(codes, global_words(packed.iterator.toint() + cutlass.Int64(item) * 8, 2, 8))
         if group < experts:
-            if cutlass.const_expr(self.config.lean_loop):
-                scales[blocked_offset(row + scale_shift, column, blocks_per_row)] = cutlass.Uint8(byte)
-            else:
-                first = cutlass.Int32(0)
-                if group > 0:
-                    first = ends[group - 1]
-                offset = blocked_offset(scale_rows[group] + row - first, column, blocks_per_row)
-                scales[offset] = cutlass.Uint8(byte)
+            if cutlass.const_expr(not self.config.lean_loop):  # a lean loop holds its group's shift
+                scale_shift = self.scale_shift(ends, scale_rows, group)
+            scales[blocked_offset(row + scale_shift, column, blocks_per_row)] = cutlass.Uint8(byte)
 
     @cute.jit
     def block_values(self, x, item, row, column, blocks_per_row, swiglu):
