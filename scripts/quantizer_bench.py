@@ -11,11 +11,10 @@ replayed time) against the card's HBM bandwidth.
 kernel reading its thresholds from a table in shared memory (`THRESHOLD_TABLE`, on `TABLE_CTAS_PER_SM`);
 --lean the paired kernel (and with --table the table's, on `LEAN_TABLE_CTAS_PER_SM`) with the lean loop
 (`LEAN_LOOP`); --table-ctas also the table's kernels on those many CTAs an SM (what the loop gains apart from
-what more CTAs gain). The decode scale is one value (0.37). --swiglu times the kernels that
-quantize SwiGLU of a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). --graph-calls N: each
-graph holds N calls back to back, as kernels follow each other in a model's graph (the time per call then
-counts the gap between graph replays once for N calls). Without a Hopper or B200
-GPU it prints what it would move and exits."""
+what more CTAs gain). The decode scale is one value (0.37). --swiglu times the kernels that quantize SwiGLU of
+a (T, 2K) h instead (`mlp.swiglu_quantized`, gate and up in halves). --graph-calls N: each graph holds N calls
+back to back, as kernels follow each other in a model's graph (the time per call then counts the gap between
+graph replays once for N calls). Without a Hopper or B200 GPU it prints what it would move and exits."""
 import argparse
 import sys
 from pathlib import Path
